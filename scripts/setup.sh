@@ -1,0 +1,220 @@
+#!/usr/bin/env bash
+# Sets up everything hvdtrain needs on a fresh Debian machine, idempotently:
+#   1. Debian packages: Open MPI (openmpi-bin, libopenmpi-dev), cmake, g++
+#   2. a virtual environment in .venv
+#   3. torch, tensorflow-cpu, mpi4py and the test tools, pinned by constraints.txt
+#   4. Horovod built from its PyPI source distribution against exactly those
+#      frameworks (cached as a wheel outside the repository)
+#   5. hvdtrain itself, editable, and a check that Horovod's build is complete
+#
+# Environment:
+#   HVDTRAIN_CACHE   where the built Horovod wheel is kept (default ~/.cache/hvdtrain)
+#   HVDTRAIN_NCCL    1 builds Horovod with HOROVOD_GPU_OPERATIONS=NCCL, 0 never;
+#                    unset means "when nvidia-smi sees a GPU and nccl.h is found".
+#                    A NCCL build also needs a CUDA build of torch (not the pinned CPU one).
+#   PYTHON           the interpreter to build the venv from (default python3.11)
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$REPO_ROOT/.venv"
+CONSTRAINTS="$REPO_ROOT/constraints.txt"
+PYTHON="${PYTHON:-python3.11}"
+CACHE_ROOT="${HVDTRAIN_CACHE:-$HOME/.cache/hvdtrain}"
+DEBIAN_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make)
+
+STAGE=0
+STAGES=6
+stage() {
+    STAGE=$((STAGE + 1))
+    printf '\n==> [%d/%d] %s\n' "$STAGE" "$STAGES" "$*"
+}
+note() { printf '    %s\n' "$*"; }
+die() {
+    printf '\nsetup failed: %s\n' "$*" >&2
+    exit 1
+}
+
+pin() {  # pin NAME -> the version constraints.txt gives NAME
+    sed -n "s/^$1==\(.*\)$/\1/p" "$CONSTRAINTS"
+}
+
+install_debian_packages() {
+    stage "Debian packages: ${DEBIAN_PACKAGES[*]}"
+    local missing=()
+    for package in "${DEBIAN_PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' \
+            || missing+=("$package")
+    done
+    if [ ${#missing[@]} -eq 0 ]; then
+        note "already installed"
+        return
+    fi
+    local sudo=()
+    if [ "$(id -u)" -ne 0 ]; then
+        if command -v sudo >/dev/null 2>&1; then
+            sudo=(sudo)
+        else
+            die "missing Debian packages and no sudo to install them. As root, run:
+    apt-get update && apt-get install -y ${missing[*]}
+then run this script again."
+        fi
+    fi
+    note "installing ${missing[*]}"
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+create_venv() {
+    stage "virtual environment in .venv"
+    command -v "$PYTHON" >/dev/null 2>&1 || die "$PYTHON not found; install Python 3.11 or set PYTHON=/path/to/python3.11"
+    if [ -x "$VENV/bin/python" ]; then
+        note "already there ($("$VENV/bin/python" --version))"
+    else
+        "$PYTHON" -m venv "$VENV"
+        note "created with $("$VENV/bin/python" --version)"
+    fi
+}
+
+pip_install() {
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c "$CONSTRAINTS" "$@"
+}
+
+install_frameworks() {
+    stage "torch $(pin torch), tensorflow-cpu $(pin tensorflow-cpu), mpi4py $(pin mpi4py)"
+    # torch first and by itself: asked for alongside packages that merely depend on
+    # "torch", pip could otherwise resolve a CUDA build from the index.
+    pip_install "torch==$(pin torch)"
+    # What Horovod's build compiles against; the rest comes with hvdtrain's extras.
+    pip_install tensorflow-cpu mpi4py cloudpickle psutil pyyaml packaging
+    note "$("$VENV/bin/python" -c 'import torch, tensorflow as tf, keras, mpi4py; print(f"torch {torch.__version__}, tensorflow {tf.__version__}, keras {keras.__version__}, mpi4py {mpi4py.__version__}")' 2>/dev/null)"
+}
+
+want_nccl() {
+    case "${HVDTRAIN_NCCL:-auto}" in
+        1) return 0 ;;
+        0) return 1 ;;
+    esac
+    command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 || return 1
+    local dir
+    for dir in "${HOROVOD_NCCL_HOME:-/nonexistent}/include" /usr/include /usr/local/cuda/include; do
+        [ -f "$dir/nccl.h" ] && return 0
+    done
+    return 1
+}
+
+horovod_works() {  # the installed Horovod imports with both frameworks, MPI and Gloo
+    "$VENV/bin/python" - <<'EOF' >/dev/null 2>&1
+import horovod.torch as hvd_torch
+import horovod.tensorflow as hvd_tf
+assert hvd_torch.mpi_built() and hvd_torch.gloo_built()
+assert hvd_tf.mpi_built() and hvd_tf.gloo_built()
+EOF
+}
+
+build_horovod_wheel() {  # build_horovod_wheel OUTPUT_DIR [nccl]
+    local output_dir="$1" with_nccl="${2:-}"
+    local work
+    work="$(mktemp -d)"
+    trap 'rm -rf "$work"' RETURN
+    note "downloading the horovod==$(pin horovod) source distribution"
+    "$VENV/bin/python" -m pip download --quiet --disable-pip-version-check --no-deps \
+        --no-binary :all: "horovod==$(pin horovod)" -d "$work"
+    tar -xzf "$work"/horovod-*.tar.gz -C "$work"
+    local src
+    src="$(find "$work" -maxdepth 1 -type d -name 'horovod-*')"
+
+    # xla_mpi_ops.cc (an optional XLA lowering, off at run time unless
+    # HOROVOD_ENABLE_XLA_OPS=1) does not compile against TF 2.21's XLA headers.
+    sed -i '/xla_mpi_ops\.cc/d' "$src/horovod/tensorflow/CMakeLists.txt"
+
+    # PyTorch >= 2.1 headers need C++17 but Horovod's torch target asks for C++14;
+    # the last -std flag on a compiler command line wins, so a wrapper appends it.
+    local real_cxx
+    real_cxx="$(command -v g++)"
+    cat >"$work/cxx17" <<EOF
+#!/bin/sh
+exec "$real_cxx" "\$@" -std=c++17
+EOF
+    chmod +x "$work/cxx17"
+
+    local tf_include
+    tf_include="$("$VENV/bin/python" -c 'import tensorflow as tf; print(tf.sysconfig.get_include())' 2>/dev/null)"
+
+    local gpu_env=()
+    if [ -n "$with_nccl" ]; then
+        gpu_env=(HOROVOD_GPU_OPERATIONS=NCCL)
+    fi
+    note "compiling (about 8 minutes on 2 cores; log in $output_dir/build.log)"
+    mkdir -p "$output_dir"
+    if ! env CXX="$work/cxx17" \
+        CXXFLAGS="${CXXFLAGS:-} -I$tf_include/external/highwayhash -I$tf_include/external/farmhash_archive/src" \
+        HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+        HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 MAKEFLAGS="-j$(nproc)" "${gpu_env[@]}" \
+        "$VENV/bin/python" -m pip wheel --no-build-isolation --no-deps --disable-pip-version-check \
+        -w "$output_dir" "$src" >"$output_dir/build.log" 2>&1; then
+        tail -n 30 "$output_dir/build.log" >&2
+        die "the Horovod build failed; the whole log is $output_dir/build.log"
+    fi
+}
+
+install_horovod() {
+    local nccl_suffix="" with_nccl=""
+    if want_nccl; then
+        nccl_suffix="-nccl"
+        with_nccl=1
+    fi
+    local key
+    key="horovod$(pin horovod)-torch$(pin torch)-tf$(pin tensorflow-cpu)-$("$VENV/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')$nccl_suffix"
+    local wheel_dir="$CACHE_ROOT/wheels/$key"
+    stage "Horovod $(pin horovod) with PyTorch, TensorFlow, MPI and Gloo${with_nccl:+ and NCCL} (cache: $wheel_dir)"
+
+    local marker="$VENV/.horovod-build-key"
+    if horovod_works && [ "$(cat "$marker" 2>/dev/null)" = "$key" ]; then
+        note "already installed and working"
+        return
+    fi
+    local wheel
+    wheel="$(find "$wheel_dir" -maxdepth 1 -name 'horovod-*.whl' 2>/dev/null | head -n 1)"
+    if [ -n "$wheel" ]; then
+        note "installing the cached wheel $(basename "$wheel")"
+        pip_install --force-reinstall --no-deps "$wheel"
+        if horovod_works; then
+            echo "$key" >"$marker"
+            return
+        fi
+        note "the cached wheel does not import; rebuilding it"
+        rm -rf "$wheel_dir"
+    fi
+    build_horovod_wheel "$wheel_dir" "$with_nccl"
+    wheel="$(find "$wheel_dir" -maxdepth 1 -name 'horovod-*.whl' | head -n 1)"
+    pip_install --force-reinstall --no-deps "$wheel"
+    horovod_works || die "Horovod was built but does not import with both frameworks; see $wheel_dir/build.log"
+    echo "$key" >"$marker"
+}
+
+install_hvdtrain() {
+    stage "hvdtrain (editable, with its test and plot extras) and a check of Horovod's build"
+    pip_install --no-build-isolation -e "$REPO_ROOT[torch,tensorflow,test]"
+    local report
+    report="$("$VENV/bin/horovodrun" --check-build)"
+    printf '%s\n' "$report" | sed 's/^/    /'
+    local wanted
+    for wanted in TensorFlow PyTorch MPI Gloo; do
+        printf '%s\n' "$report" | grep -Eq "\[X\] $wanted\$" \
+            || die "horovodrun --check-build does not show $wanted"
+    done
+}
+
+main() {
+    cd "$REPO_ROOT"
+    install_debian_packages
+    create_venv
+    stage "pip and build tools in the venv"
+    pip_install pip setuptools wheel
+    install_frameworks
+    install_horovod
+    install_hvdtrain
+    printf '\nsetup complete: activate with  source .venv/bin/activate\n'
+}
+
+main "$@"
