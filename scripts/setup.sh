@@ -76,7 +76,9 @@ create_venv() {
 }
 
 pip_install() {
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c "$CONSTRAINTS" "$@"
+    # Some machines list index folders that do not exist; pip warns once per package.
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c "$CONSTRAINTS" "$@" \
+        2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
 }
 
 install_frameworks() {
@@ -146,12 +148,21 @@ EOF
     fi
     note "compiling (about 8 minutes on 2 cores; log in $output_dir/build.log)"
     mkdir -p "$output_dir"
-    if ! env CXX="$work/cxx17" \
+    env CXX="$work/cxx17" \
         CXXFLAGS="${CXXFLAGS:-} -I$tf_include/external/highwayhash -I$tf_include/external/farmhash_archive/src" \
         HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
         HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 MAKEFLAGS="-j$(nproc)" "${gpu_env[@]}" \
-        "$VENV/bin/python" -m pip wheel --no-build-isolation --no-deps --disable-pip-version-check \
-        -w "$output_dir" "$src" >"$output_dir/build.log" 2>&1; then
+        "$VENV/bin/python" -m pip wheel --verbose --no-build-isolation --no-deps \
+        --disable-pip-version-check -w "$output_dir" "$src" >"$output_dir/build.log" 2>&1 &
+    local build_pid=$! started=$SECONDS
+    while kill -0 "$build_pid" 2>/dev/null; do
+        sleep 5
+        if kill -0 "$build_pid" 2>/dev/null && (( (SECONDS - started) % 60 < 5 )); then
+            note "... still compiling after $(( (SECONDS - started) / 60 )) min" \
+                "$(grep -o '^\[ *[0-9]*%\]' "$output_dir/build.log" | tail -n 1 || true)"
+        fi
+    done
+    if ! wait "$build_pid"; then
         tail -n 30 "$output_dir/build.log" >&2
         die "the Horovod build failed; the whole log is $output_dir/build.log"
     fi
@@ -174,7 +185,7 @@ install_horovod() {
         return
     fi
     local wheel
-    wheel="$(find "$wheel_dir" -maxdepth 1 -name 'horovod-*.whl' 2>/dev/null | head -n 1)"
+    wheel="$(find "$wheel_dir" -maxdepth 1 -name 'horovod-*.whl' 2>/dev/null | head -n 1 || true)"
     if [ -n "$wheel" ]; then
         note "installing the cached wheel $(basename "$wheel")"
         pip_install --force-reinstall --no-deps "$wheel"

@@ -1,0 +1,24 @@
+# The two commands of README.md:  `make demo` (set up, then a 2-worker training run)
+# and `make test` (set up, then lint and the whole test suite). Both set everything up.
+VENV := .venv
+PYTHON := $(VENV)/bin/python
+# Open MPI refuses to run as root without both of these (CI runs as root).
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+
+.PHONY: setup demo test lint doctor
+
+setup:
+	bash scripts/setup.sh
+
+demo: setup
+	$(VENV)/bin/horovodrun -np 2 --gloo $(PYTHON) examples/torch_digits.py
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+test: lint
+	$(PYTHON) -m pytest
+
+doctor: setup
+	$(VENV)/bin/hvdtrain doctor

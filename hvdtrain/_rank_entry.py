@@ -1,0 +1,70 @@
+"""What each rank runs under :func:`hvdtrain.launch.run_workers`.
+
+``python -m hvdtrain._rank_entry RANK_DIR SCRIPT [ARGS...]`` sends this process's
+stdout and stderr (Python's and the C++ runtime's alike) to ``RANK_DIR/rank-N.log``,
+runs SCRIPT as ``__main__``, and records its exit code in ``RANK_DIR/rank-N.exit``.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+from pathlib import Path
+
+# Gloo runs set HOROVOD_RANK; Open MPI sets OMPI_COMM_WORLD_RANK; other MPIs PMI_RANK.
+_RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+
+def launcher_rank() -> int:
+    """This process's rank as the launcher assigned it, before Horovod is initialised."""
+    for name in _RANK_VARIABLES:
+        if name in os.environ:
+            return int(os.environ[name])
+    raise RuntimeError(f"no rank in the environment (looked for {', '.join(_RANK_VARIABLES)})")
+
+
+def _redirect_output(log_path: Path) -> None:
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+        os.dup2(log_fd, stream.fileno())
+    os.close(log_fd)
+    sys.stdout.reconfigure(line_buffering=True)
+
+
+def _run_script(script: str, args: list[str]) -> int:
+    sys.argv = [script, *args]
+    sys.path.insert(0, str(Path(script).parent))
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exit_request:
+        code = exit_request.code
+        if code is None:
+            return 0
+        if isinstance(code, int):
+            return code
+        print(code, file=sys.stderr)
+        return 1
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def main() -> None:
+    rank_dir = Path(sys.argv[1])
+    script, args = sys.argv[2], sys.argv[3:]
+    rank = launcher_rank()
+    (rank_dir / f"rank-{rank}.pid").write_text(str(os.getpid()))
+    _redirect_output(rank_dir / f"rank-{rank}.log")
+    code = _run_script(script, args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    (rank_dir / f"rank-{rank}.exit").write_text(str(code))
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

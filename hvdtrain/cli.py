@@ -1,0 +1,106 @@
+"""The ``hvdtrain`` command: ``hvdtrain doctor`` and ``hvdtrain schedule``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from hvdtrain.schedule import (
+    DEFAULT_BASE_BATCH_SIZE,
+    DEFAULT_GAMMA,
+    DEFAULT_WARMUP_EPOCHS,
+    LinearScalingSchedule,
+)
+
+
+def _milestones(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--milestones takes comma-separated epochs such as 30,60,80, got {text!r}"
+        ) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hvdtrain", description="Data-parallel training on Horovod: tools."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    doctor = commands.add_parser(
+        "doctor", help="check versions, the Horovod build and a 2-process allreduce"
+    )
+    doctor.add_argument("--timeout", type=float, default=120.0,
+                        help="seconds each 2-process smoke run may take (default 120)")
+
+    schedule = commands.add_parser(
+        "schedule",
+        help="print (and plot) the Goyal et al. linear-scaling + warmup learning rate",
+        description="The learning rate per epoch under Goyal et al. 2017's linear scaling "
+                    "rule and gradual warmup, as hvdtrain's schedulers apply it.",
+    )
+    schedule.add_argument("--base-lr", type=float, required=True,
+                          help="eta, the learning rate tuned for --base-batch-size")
+    schedule.add_argument("--batch-size-per-worker", type=int, required=True)
+    schedule.add_argument("--workers", type=int, required=True)
+    schedule.add_argument("--steps-per-epoch", type=int, required=True)
+    schedule.add_argument("--epochs", type=int, required=True)
+    schedule.add_argument("--base-batch-size", type=int, default=DEFAULT_BASE_BATCH_SIZE)
+    schedule.add_argument("--warmup-epochs", type=float, default=DEFAULT_WARMUP_EPOCHS)
+    schedule.add_argument("--milestones", type=_milestones, default=(),
+                          help="comma-separated epochs at which to multiply by --gamma")
+    schedule.add_argument("--gamma", type=float, default=DEFAULT_GAMMA)
+    schedule.add_argument("--backward-passes-per-step", type=int, default=1,
+                          help="gradient-accumulation steps per optimizer step")
+    schedule.add_argument("--plot", metavar="FILE.png",
+                          help="also draw the per-step curve to this image (needs matplotlib)")
+    return parser
+
+
+def print_schedule(args: argparse.Namespace) -> int:
+    schedule = LinearScalingSchedule(
+        base_lr=args.base_lr,
+        batch_size_per_worker=args.batch_size_per_worker,
+        workers=args.workers,
+        steps_per_epoch=args.steps_per_epoch,
+        base_batch_size=args.base_batch_size,
+        warmup_epochs=args.warmup_epochs,
+        milestones=args.milestones,
+        gamma=args.gamma,
+        backward_passes_per_step=args.backward_passes_per_step,
+    )
+    rows = schedule.epoch_table(args.epochs)
+    print(f"global batch {schedule.global_batch_size} = {args.batch_size_per_worker} per worker"
+          f" x {args.workers} workers x {args.backward_passes_per_step} accumulation steps; "
+          f"k = {schedule.scale:g}; target LR k*eta = {schedule.target_lr:g}; "
+          f"warmup {schedule.warmup_steps} steps")
+    print(f"{'epoch':>5}  {'steps':>13}  {'LR at first step':>16}  {'LR at last step':>16}")
+    for row in rows:
+        print(f"{row.epoch:>5}  {row.first_step:>6}-{row.last_step:<6}  "
+              f"{row.first_lr:>16.6g}  {row.last_lr:>16.6g}")
+    if args.plot:
+        from hvdtrain.plot import plot_schedule
+
+        plot_schedule(schedule, args.epochs, args.plot)
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``hvdtrain`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "doctor":
+        from hvdtrain.doctor import run_doctor
+
+        return run_doctor(timeout=args.timeout)
+    try:
+        return print_schedule(args)
+    except ValueError as error:
+        parser.exit(2, f"hvdtrain schedule: error: {error}\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""``hvdtrain doctor``: is this machine ready for hvdtrain, and if not, what to do.
+
+It prints the versions of the stack, what the installed Horovod was built with,
+runs a 2-process allreduce under each controller (Gloo and MPI), and ends with a
+one-line verdict. Every problem comes with the command that fixes it; the exit
+status is 0 only when there is none.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import hvdtrain
+from hvdtrain.launch import CONTROLLERS, LaunchError, run_workers
+
+SETUP_FIX = "run `bash scripts/setup.sh` from the hvdtrain checkout (or `make setup`)"
+REBUILD_FIX = (
+    "Horovod was built against other framework versions: remove ~/.cache/hvdtrain/wheels "
+    "(or $HVDTRAIN_CACHE/wheels) and run `bash scripts/setup.sh` to rebuild it"
+)
+MPI_FIX = "install Open MPI: `apt-get install -y openmpi-bin libopenmpi-dev` (as root)"
+
+# framework label -> (distributions that provide it, Horovod module built for it)
+FRAMEWORKS = {
+    "PyTorch": (("torch",), "horovod.torch"),
+    "TensorFlow": (("tensorflow-cpu", "tensorflow"), "horovod.tensorflow"),
+}
+_SMOKE_NAMES = {"PyTorch": "torch", "TensorFlow": "tensorflow"}
+_TENSOR_OPERATIONS = ("mpi", "gloo", "nccl", "ccl", "ddl")
+
+
+@dataclass
+class Report:
+    """What the doctor found: lines to print and problems (each with its fix)."""
+
+    problems: list[str] = field(default_factory=list)
+
+    def line(self, text: str = "") -> None:
+        print(text, flush=True)
+
+    def problem(self, what: str, fix: str) -> None:
+        self.problems.append(what)
+        print(f"  PROBLEM: {what}\n    fix: {fix}", flush=True)
+
+
+def distribution_version(*names: str) -> str | None:
+    """The installed version of the first of ``names`` that is installed, else None."""
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def open_mpi_version() -> str | None:
+    """Open MPI's version as ``mpirun --version`` reports it, or None without mpirun."""
+    if shutil.which("mpirun") is None:
+        return None
+    out = subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout
+    match = re.search(r"Open MPI\)?\s+([\d.]+)", out)
+    return match.group(1) if match else out.splitlines()[0] if out else "unknown"
+
+
+def check_versions(report: Report) -> None:
+    report.line("versions")
+    versions = {
+        "Python": platform.python_version(),
+        "hvdtrain": hvdtrain.__version__,
+        "Horovod": distribution_version("horovod"),
+        "torch": distribution_version("torch"),
+        "TensorFlow": distribution_version("tensorflow-cpu", "tensorflow"),
+        "Keras": distribution_version("keras"),
+        "Open MPI": open_mpi_version(),
+        "mpi4py": distribution_version("mpi4py"),
+    }
+    for name, version in versions.items():
+        report.line(f"  {name:<11} {version or 'not installed'}")
+    if versions["Horovod"] is None:
+        report.problem("Horovod is not installed", SETUP_FIX)
+    if versions["Open MPI"] is None:
+        report.problem("Open MPI (mpirun) is not on PATH", MPI_FIX)
+    if versions["mpi4py"] is None:
+        report.problem("mpi4py is not installed", SETUP_FIX)
+    if versions["torch"] is None and versions["TensorFlow"] is None:
+        report.problem("neither torch nor TensorFlow is installed", SETUP_FIX)
+
+
+def check_horovod_build(report: Report) -> list[str]:
+    """Report what Horovod was built with; return the frameworks it works with."""
+    report.line("Horovod build")
+    working, build_module = [], None
+    for label, (distributions, module_name) in FRAMEWORKS.items():
+        if distribution_version(*distributions) is None:
+            report.line(f"  {label:<11} framework not installed (its adapter is unavailable)")
+            continue
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as error:  # a broken extension raises ImportError or worse
+            report.line(f"  {label:<11} NOT usable: {type(error).__name__}: {error}")
+            report.problem(f"Horovod's {label} extension does not load", REBUILD_FIX)
+            continue
+        report.line(f"  {label:<11} built")
+        working.append(label)
+        build_module = build_module or module
+    if build_module is None:
+        return working
+    controllers = [name for name in ("mpi", "gloo") if getattr(build_module, f"{name}_built")()]
+    operations = [name for name in _TENSOR_OPERATIONS if getattr(build_module, f"{name}_built")()]
+    report.line(f"  controllers {', '.join(c.upper() for c in controllers) or 'none'}")
+    report.line(f"  tensor ops  {', '.join(o.upper() for o in operations) or 'none'}")
+    for name in ("mpi", "gloo"):
+        if name not in controllers:
+            report.problem(f"Horovod was built without the {name.upper()} controller", SETUP_FIX)
+    return working
+
+
+def check_allreduce(report: Report, frameworks: list[str], timeout: float) -> None:
+    report.line("smoke check: 2-process allreduce under horovodrun")
+    if not frameworks:
+        report.line("  skipped: no framework with a working Horovod extension")
+        return
+    smoke_script = Path(__file__).with_name("_smoke.py")
+    names = [_SMOKE_NAMES[label] for label in frameworks]
+    for controller in CONTROLLERS:
+        started = time.monotonic()
+        try:
+            result = run_workers(smoke_script, names, np=2, controller=controller,
+                                 timeout=timeout)
+        except LaunchError as error:
+            report.problem(f"cannot launch horovodrun: {error}", SETUP_FIX)
+            return
+        seconds = time.monotonic() - started
+        if result.ok:
+            summary = "; ".join(
+                line.removeprefix("smoke: ")
+                for line in result.ranks[0].output.splitlines() if line.startswith("smoke: ")
+            )
+            report.line(f"  {controller:<5} {summary} ({seconds:.1f} s)")
+            continue
+        report.line(f"  {controller:<5} FAILED ({seconds:.1f} s)")
+        report.line("    " + result.report().replace("\n", "\n    "))
+        fix = MPI_FIX if controller == "mpi" else SETUP_FIX
+        reason = "timed out" if result.timed_out else "failed"
+        report.problem(f"the 2-process allreduce over {controller} {reason}", fix)
+
+
+def run_doctor(timeout: float = 120.0) -> int:
+    """Run every check, print the report, return the exit status (0: all good)."""
+    report = Report()
+    report.line(f"hvdtrain doctor ({sys.executable})")
+    check_versions(report)
+    frameworks = check_horovod_build(report)
+    check_allreduce(report, frameworks, timeout)
+    if report.problems:
+        report.line(f"verdict: NOT READY - {len(report.problems)} problem(s): "
+                    + "; ".join(report.problems))
+        return 1
+    report.line(f"verdict: READY - Horovod works with {' and '.join(frameworks)} "
+                f"over {' and '.join(c.upper() for c in CONTROLLERS)}")
+    return 0

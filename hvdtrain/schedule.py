@@ -1,0 +1,181 @@
+"""The learning-rate rules of Goyal et al. 2017, as pure math (no framework).
+
+*Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour* (arXiv:1706.02677):
+
+- **Linear scaling rule**: when the minibatch grows by a factor k, multiply the
+  learning rate by k. Here k = global batch / base batch, where the global batch is
+  per-worker batch x workers x gradient-accumulation steps, and the base batch is the
+  one the learning rate η was tuned for (256 in the paper).
+- **Gradual warmup**: start at η and add a constant amount every iteration so that
+  the rate reaches kη after W = warmup epochs x steps per epoch iterations:
+  ``LR(t) = η + (kη - η)·t/W`` for ``t < W`` and ``LR(W) = kη``.
+- Afterwards the original schedule resumes: kη, multiplied by ``gamma`` at each
+  milestone epoch (the paper: epochs 30, 60, 80 and gamma 0.1).
+
+Conventions where the paper is silent:
+
+- Warmup only ever ramps *up*. When k <= 1 (a global batch no larger than the base
+  batch) the rate is kη from the first step: there is nothing to warm up to.
+- A milestone that falls inside the warmup multiplies the ramp as well, so the
+  rate is always ``ramp(t) * gamma ** (milestones passed)``.
+- Epoch of step t is ``t // steps_per_epoch``; a milestone m applies from step
+  ``m * steps_per_epoch`` on.
+
+Unlike Horovod's ``LearningRateWarmupCallback`` (which ramps from ``η/size`` to a
+pre-scaled rate and starts one increment above its floor), this schedule starts
+exactly at η and takes k from the global batch, so gradient accumulation and the
+per-worker batch size are accounted for.
+
+Example::
+
+    >>> from hvdtrain.schedule import LinearScalingSchedule
+    >>> s = LinearScalingSchedule(base_lr=0.1, batch_size_per_worker=64, workers=8,
+    ...                           steps_per_epoch=100)
+    >>> s.scale, s.target_lr, s.warmup_steps
+    (2.0, 0.2, 500)
+    >>> s.lr_at(0), s.lr_at(250), s.lr_at(500)
+    (0.1, 0.15000000000000002, 0.2)
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+DEFAULT_BASE_BATCH_SIZE = 256
+DEFAULT_WARMUP_EPOCHS = 5
+DEFAULT_GAMMA = 0.1
+
+
+@dataclass(frozen=True)
+class EpochRow:
+    """The learning rate over one epoch: at its first step and at its last step."""
+
+    epoch: int
+    first_step: int
+    last_step: int
+    first_lr: float
+    last_lr: float
+
+
+@dataclass(frozen=True)
+class LinearScalingSchedule:
+    """Goyal et al.'s linear scaling rule with gradual warmup and step decay.
+
+    Use it to compute the learning rate of every optimizer step of a data-parallel
+    run; the framework adapters apply it to their optimizers.
+
+    Args:
+        base_lr: η, the learning rate tuned for ``base_batch_size``.
+        batch_size_per_worker: examples each worker sees per forward pass.
+        workers: number of data-parallel workers (Horovod's ``size()``).
+        steps_per_epoch: optimizer steps per epoch.
+        base_batch_size: the global batch η was tuned for (256 in the paper).
+        warmup_epochs: epochs of gradual warmup (5 in the paper; 0 disables it).
+            Fractional values are allowed; W is rounded to whole steps.
+        milestones: epochs, ascending, at which the rate is multiplied by ``gamma``.
+        gamma: the decay factor at each milestone.
+        backward_passes_per_step: gradient-accumulation steps per optimizer step.
+
+    Raises:
+        ValueError: naming the argument and the reason, for any invalid input.
+    """
+
+    base_lr: float
+    batch_size_per_worker: int
+    workers: int
+    steps_per_epoch: int
+    base_batch_size: int = DEFAULT_BASE_BATCH_SIZE
+    warmup_epochs: float = DEFAULT_WARMUP_EPOCHS
+    milestones: Sequence[int] = field(default=())
+    gamma: float = DEFAULT_GAMMA
+    backward_passes_per_step: int = 1
+
+    def __post_init__(self) -> None:
+        _require_positive_number("base_lr", self.base_lr)
+        for name in ("batch_size_per_worker", "workers", "steps_per_epoch",
+                     "base_batch_size", "backward_passes_per_step"):
+            _require_positive_int(name, getattr(self, name))
+        if not _is_finite_number(self.warmup_epochs) or self.warmup_epochs < 0:
+            raise ValueError(
+                f"warmup_epochs must be a finite number >= 0 (0 disables warmup), "
+                f"got {self.warmup_epochs!r}"
+            )
+        _require_positive_number("gamma", self.gamma)
+        object.__setattr__(self, "milestones", _validated_milestones(self.milestones))
+
+    @property
+    def global_batch_size(self) -> int:
+        """Examples per optimizer step over all workers and accumulation steps."""
+        return self.batch_size_per_worker * self.workers * self.backward_passes_per_step
+
+    @property
+    def scale(self) -> float:
+        """k, the factor by which the global batch exceeds the base batch."""
+        return self.global_batch_size / self.base_batch_size
+
+    @property
+    def target_lr(self) -> float:
+        """kη, the rate the warmup reaches."""
+        return self.scale * self.base_lr
+
+    @property
+    def warmup_steps(self) -> int:
+        """W, the number of warmup iterations (0 when there is nothing to ramp)."""
+        if self.scale <= 1:
+            return 0
+        return round(self.warmup_epochs * self.steps_per_epoch)
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of optimizer step ``step`` (0-based)."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be an int >= 0, got {step!r}")
+        if step < self.warmup_steps:
+            eta = self.base_lr
+            lr = eta + (self.target_lr - eta) * step / self.warmup_steps
+        else:
+            lr = self.target_lr
+        decays = bisect_right(self.milestones, step // self.steps_per_epoch)
+        return lr * self.gamma**decays if decays else lr
+
+    def factor_at(self, step: int) -> float:
+        """``lr_at(step) / base_lr``: the multiplier to apply to any group's own η."""
+        return self.lr_at(step) / self.base_lr
+
+    def epoch_table(self, epochs: int) -> list[EpochRow]:
+        """One row per epoch for ``epochs`` epochs, for printing or checking a plan."""
+        _require_positive_int("epochs", epochs)
+        rows = []
+        for epoch in range(epochs):
+            first = epoch * self.steps_per_epoch
+            last = first + self.steps_per_epoch - 1
+            rows.append(EpochRow(epoch, first, last, self.lr_at(first), self.lr_at(last)))
+        return rows
+
+
+def _is_finite_number(value: object) -> bool:
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def _require_positive_number(name: str, value: object) -> None:
+    if not _is_finite_number(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+def _require_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be an int > 0, got {value!r}")
+
+
+def _validated_milestones(milestones: Sequence[int]) -> tuple[int, ...]:
+    values = tuple(milestones)
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"milestones must be epochs (ints >= 0), got {value!r} in {values}")
+    if any(b <= a for a, b in itertools.pairwise(values)):
+        raise ValueError(f"milestones must be strictly ascending, got {values}")
+    return values

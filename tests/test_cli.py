@@ -1,0 +1,82 @@
+"""The hvdtrain command: `schedule` (table and plot) and `doctor`."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hvdtrain.cli import main
+from hvdtrain.doctor import MPI_FIX, Report, check_versions
+from hvdtrain.schedule import LinearScalingSchedule
+
+SCHEDULE_ARGS = ["schedule", "--base-lr", "0.1", "--batch-size-per-worker", "32",
+                 "--workers", "16", "--steps-per-epoch", "10", "--epochs", "8",
+                 "--milestones", "6,7"]
+
+
+def table_rows(output: str) -> dict[int, tuple[float, float]]:
+    rows = {}
+    for line in output.splitlines():
+        parts = line.split()
+        if parts and parts[0].isdigit():
+            rows[int(parts[0])] = (float(parts[2]), float(parts[3]))
+    return rows
+
+
+def test_schedule_table_matches_the_schedule(capsys):
+    assert main(SCHEDULE_ARGS) == 0
+    out = capsys.readouterr().out
+    assert "k = 2" in out and "warmup 50 steps" in out
+    expected = LinearScalingSchedule(base_lr=0.1, batch_size_per_worker=32, workers=16,
+                                     steps_per_epoch=10, milestones=(6, 7))
+    rows = table_rows(out)
+    assert sorted(rows) == list(range(8))
+    for epoch, (first, last) in rows.items():
+        assert first == pytest.approx(expected.lr_at(epoch * 10), rel=1e-5)
+        assert last == pytest.approx(expected.lr_at(epoch * 10 + 9), rel=1e-5)
+
+
+def test_schedule_plot_writes_a_png(tmp_path, capsys):
+    image = tmp_path / "lr.png"
+    assert main([*SCHEDULE_ARGS, "--plot", str(image)]) == 0
+    assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"plot written to {image}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--base-lr", "0", "base_lr must be a finite number > 0"),
+    ("--milestones", "7,6", "milestones must be strictly ascending"),
+    ("--milestones", "a,b", "comma-separated epochs"),
+])
+def test_schedule_rejects_bad_input_with_a_reason(flag, value, message, capsys):
+    args = list(SCHEDULE_ARGS)
+    args[args.index(flag) + 1] = value
+    with pytest.raises(SystemExit) as exited:
+        main(args)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_doctor_names_a_missing_mpirun_and_its_fix(monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent))
+    report = Report()
+    check_versions(report)
+    assert "Open MPI (mpirun) is not on PATH" in report.problems
+    assert MPI_FIX in capsys.readouterr().out
+
+
+def test_doctor_is_green_on_this_machine():
+    doctor = subprocess.run(
+        [str(Path(sys.executable).with_name("hvdtrain")), "doctor"],
+        capture_output=True, text=True, timeout=280,
+    )
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    lines = doctor.stdout.splitlines()
+    assert lines[-1].startswith("verdict: READY")
+    for expected in ("Horovod", "torch", "TensorFlow", "Keras", "Open MPI", "mpi4py"):
+        assert any(line.split()[:len(expected.split())] == expected.split()
+                   for line in lines), expected
+    assert any(line.strip().startswith("gloo") and "torch ok" in line
+               and "tensorflow ok" in line for line in lines)
+    assert any(line.strip().startswith("mpi") and "torch ok" in line for line in lines)
