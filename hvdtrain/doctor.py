@@ -24,8 +24,8 @@ from hvdtrain.launch import CONTROLLERS, LaunchError, run_workers
 
 SETUP_FIX = "run `bash scripts/setup.sh` from the hvdtrain checkout (or `make setup`)"
 REBUILD_FIX = (
-    "Horovod was built against other framework versions: remove ~/.cache/hvdtrain/wheels "
-    "(or $HVDTRAIN_CACHE/wheels) and run `bash scripts/setup.sh` to rebuild it"
+    "if torch, TensorFlow or Open MPI changed since Horovod was built, rebuild it: remove "
+    "~/.cache/hvdtrain/wheels (or $HVDTRAIN_CACHE/wheels) and run `bash scripts/setup.sh`"
 )
 MPI_FIX = "install Open MPI: `apt-get install -y openmpi-bin libopenmpi-dev` (as root)"
 
@@ -35,7 +35,9 @@ FRAMEWORKS = {
     "TensorFlow": (("tensorflow-cpu", "tensorflow"), "horovod.tensorflow"),
 }
 _SMOKE_NAMES = {"PyTorch": "torch", "TensorFlow": "tensorflow"}
-_TENSOR_OPERATIONS = ("mpi", "gloo", "nccl", "ccl", "ddl")
+# Horovod's `<name>_built()` functions -> how people write the name
+_TENSOR_OPERATIONS = {"mpi": "MPI", "gloo": "Gloo", "nccl": "NCCL", "ccl": "CCL", "ddl": "DDL"}
+_CONTROLLERS = {"mpi": "MPI", "gloo": "Gloo"}
 
 
 @dataclass
@@ -114,13 +116,15 @@ def check_horovod_build(report: Report) -> list[str]:
         build_module = build_module or module
     if build_module is None:
         return working
-    controllers = [name for name in ("mpi", "gloo") if getattr(build_module, f"{name}_built")()]
-    operations = [name for name in _TENSOR_OPERATIONS if getattr(build_module, f"{name}_built")()]
-    report.line(f"  controllers {', '.join(c.upper() for c in controllers) or 'none'}")
-    report.line(f"  tensor ops  {', '.join(o.upper() for o in operations) or 'none'}")
-    for name in ("mpi", "gloo"):
-        if name not in controllers:
-            report.problem(f"Horovod was built without the {name.upper()} controller", SETUP_FIX)
+    def built(names: dict[str, str]) -> list[str]:
+        return [label for name, label in names.items() if getattr(build_module, f"{name}_built")()]
+
+    controllers = built(_CONTROLLERS)
+    report.line(f"  controllers {', '.join(controllers) or 'none'}")
+    report.line(f"  tensor ops  {', '.join(built(_TENSOR_OPERATIONS)) or 'none'}")
+    for label in _CONTROLLERS.values():
+        if label not in controllers:
+            report.problem(f"Horovod was built without the {label} controller", SETUP_FIX)
     return working
 
 
@@ -130,28 +134,25 @@ def check_allreduce(report: Report, frameworks: list[str], timeout: float) -> No
         report.line("  skipped: no framework with a working Horovod extension")
         return
     smoke_script = Path(__file__).with_name("_smoke.py")
-    names = [_SMOKE_NAMES[label] for label in frameworks]
     for controller in CONTROLLERS:
-        started = time.monotonic()
-        try:
-            result = run_workers(smoke_script, names, np=2, controller=controller,
-                                 timeout=timeout)
-        except LaunchError as error:
-            report.problem(f"cannot launch horovodrun: {error}", SETUP_FIX)
-            return
-        seconds = time.monotonic() - started
-        if result.ok:
-            summary = "; ".join(
-                line.removeprefix("smoke: ")
-                for line in result.ranks[0].output.splitlines() if line.startswith("smoke: ")
-            )
-            report.line(f"  {controller:<5} {summary} ({seconds:.1f} s)")
-            continue
-        report.line(f"  {controller:<5} FAILED ({seconds:.1f} s)")
-        report.line("    " + result.report().replace("\n", "\n    "))
-        fix = MPI_FIX if controller == "mpi" else SETUP_FIX
-        reason = "timed out" if result.timed_out else "failed"
-        report.problem(f"the 2-process allreduce over {controller} {reason}", fix)
+        for label in frameworks:
+            started = time.monotonic()
+            try:
+                result = run_workers(smoke_script, [_SMOKE_NAMES[label]], np=2,
+                                     controller=controller, timeout=timeout)
+            except LaunchError as error:
+                report.problem(f"cannot launch horovodrun: {error}", SETUP_FIX)
+                return
+            seconds = time.monotonic() - started
+            where = f"  {controller:<5} {label:<11}"
+            if result.ok:
+                report.line(f"{where} ok ({seconds:.1f} s)")
+                continue
+            report.line(f"{where} FAILED ({seconds:.1f} s)")
+            report.line("    " + result.report().replace("\n", "\n    "))
+            reason = "timed out" if result.timed_out else "failed"
+            fix = MPI_FIX if controller == "mpi" and open_mpi_version() is None else REBUILD_FIX
+            report.problem(f"the 2-process {label} allreduce over {controller} {reason}", fix)
 
 
 def run_doctor(timeout: float = 120.0) -> int:
@@ -166,5 +167,5 @@ def run_doctor(timeout: float = 120.0) -> int:
                     + "; ".join(report.problems))
         return 1
     report.line(f"verdict: READY - Horovod works with {' and '.join(frameworks)} "
-                f"over {' and '.join(c.upper() for c in CONTROLLERS)}")
+                f"over {' and '.join(_CONTROLLERS[c] for c in CONTROLLERS)}")
     return 0

@@ -22,6 +22,9 @@ PYTHON="${PYTHON:-python3.11}"
 CACHE_ROOT="${HVDTRAIN_CACHE:-$HOME/.cache/hvdtrain}"
 DEBIAN_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make)
 
+BUILD_DIR="$(mktemp -d)"  # the unpacked Horovod source; removed on exit
+trap 'rm -rf "$BUILD_DIR"' EXIT
+
 STAGE=0
 STAGES=6
 stage() {
@@ -115,9 +118,7 @@ EOF
 
 build_horovod_wheel() {  # build_horovod_wheel OUTPUT_DIR [nccl]
     local output_dir="$1" with_nccl="${2:-}"
-    local work
-    work="$(mktemp -d)"
-    trap 'rm -rf "$work"' RETURN
+    local work="$BUILD_DIR"
     note "downloading the horovod==$(pin horovod) source distribution"
     "$VENV/bin/python" -m pip download --quiet --disable-pip-version-check --no-deps \
         --no-binary :all: "horovod==$(pin horovod)" -d "$work"
@@ -207,7 +208,9 @@ install_hvdtrain() {
     stage "hvdtrain (editable, with its test and plot extras) and a check of Horovod's build"
     pip_install --no-build-isolation -e "$REPO_ROOT[torch,tensorflow,test]"
     local report
-    report="$("$VENV/bin/horovodrun" --check-build)"
+    # stderr only carries TensorFlow's start-up chatter, unless the check itself fails.
+    report="$("$VENV/bin/horovodrun" --check-build 2>"$BUILD_DIR/check-build.err")" \
+        || { cat "$BUILD_DIR/check-build.err" >&2; die "horovodrun --check-build failed"; }
     printf '%s\n' "$report" | sed 's/^/    /'
     local wanted
     for wanted in TensorFlow PyTorch MPI Gloo; do
