@@ -77,6 +77,7 @@ def test_doctor_is_green_on_this_machine():
     for expected in ("Horovod", "torch", "TensorFlow", "Keras", "Open MPI", "mpi4py"):
         assert any(line.split()[:len(expected.split())] == expected.split()
                    for line in lines), expected
-    assert any(line.strip().startswith("gloo") and "torch ok" in line
-               and "tensorflow ok" in line for line in lines)
-    assert any(line.strip().startswith("mpi") and "torch ok" in line for line in lines)
+    smoke = {tuple(line.split()[:3]) for line in lines}
+    for controller in ("gloo", "mpi"):
+        for framework in ("PyTorch", "TensorFlow"):
+            assert (controller, framework, "ok") in smoke, (controller, framework)
