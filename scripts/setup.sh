@@ -189,8 +189,7 @@ install_horovod() {
     wheel="$(find "$wheel_dir" -maxdepth 1 -name 'horovod-*.whl' 2>/dev/null | head -n 1 || true)"
     if [ -n "$wheel" ]; then
         note "installing the cached wheel $(basename "$wheel")"
-        pip_install --force-reinstall --no-deps "$wheel"
-        if horovod_works; then
+        if pip_install --force-reinstall --no-deps "$wheel" && horovod_works; then
             echo "$key" >"$marker"
             return
         fi
