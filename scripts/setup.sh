@@ -78,10 +78,14 @@ create_venv() {
     fi
 }
 
-pip_install() {
+pip_run() {
     # Some machines list index folders that do not exist; pip warns once per package.
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c "$CONSTRAINTS" "$@" \
+    "$VENV/bin/python" -m pip --disable-pip-version-check "$@" \
         2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+}
+
+pip_install() {
+    pip_run install --quiet -c "$CONSTRAINTS" "$@"
 }
 
 install_frameworks() {
@@ -120,8 +124,7 @@ build_horovod_wheel() {  # build_horovod_wheel OUTPUT_DIR [nccl]
     local output_dir="$1" with_nccl="${2:-}"
     local work="$BUILD_DIR"
     note "downloading the horovod==$(pin horovod) source distribution"
-    "$VENV/bin/python" -m pip download --quiet --disable-pip-version-check --no-deps \
-        --no-binary :all: "horovod==$(pin horovod)" -d "$work"
+    pip_run download --quiet --no-deps --no-binary :all: "horovod==$(pin horovod)" -d "$work"
     tar -xzf "$work"/horovod-*.tar.gz -C "$work"
     local src
     src="$(find "$work" -maxdepth 1 -type d -name 'horovod-*')"

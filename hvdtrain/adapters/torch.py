@@ -1,0 +1,694 @@
+"""PyTorch on Horovod: ``import hvdtrain.adapters.torch as hvt``.
+
+A Horovod user switches by changing one import: Horovod's basics are re-exported
+(``init``, ``rank``, ``size``, ``allreduce``, ``broadcast_object``, ``Average``, ...),
+and :func:`DistributedOptimizer` takes the same first arguments as
+``horovod.torch.DistributedOptimizer``. What hvdtrain adds:
+
+- :func:`DistributedOptimizer` averages over accumulated micro-batches too, offers
+  "bf16" compression, names the rank and parameter when models differ, and can skip
+  non-finite steps on every rank alike.
+- :class:`LinearScalingWarmup`: Goyal et al.'s linear scaling rule and warmup
+  (:mod:`hvdtrain.schedule`) as a ``torch.optim.lr_scheduler.LRScheduler``.
+- :func:`broadcast_state`, :func:`verify_replicas`, :func:`save_checkpoint`,
+  :func:`load_checkpoint`, :func:`average_metrics`, :func:`distributed_sampler`.
+
+Example (run with ``horovodrun -np 2 python train.py``)::
+
+    import torch
+    import hvdtrain.adapters.torch as hvt
+
+    hvt.init()
+    model = torch.nn.Linear(10, 2)
+    optimizer = hvt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         model.named_parameters())
+    scheduler = hvt.LinearScalingWarmup(optimizer, batch_size_per_worker=32,
+                                        steps_per_epoch=100)
+    hvt.broadcast_state(model, optimizer, scheduler)
+    for x, y in loader:                      # this worker's shard
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        scheduler.step()
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any
+
+import horovod.torch as _hvd
+import torch
+from horovod.torch import (
+    Adasum,
+    Average,
+    Compression,
+    Sum,
+    allgather,
+    allgather_object,
+    allreduce,
+    broadcast,
+    broadcast_object,
+    init,
+    is_initialized,
+    join,
+    local_rank,
+    local_size,
+    rank,
+    shutdown,
+    size,
+)
+
+# Horovod's optimizer class: its methods add the gradient hooks, fusion and
+# synchronize(); DistributedOptimizer builds on them (see _distributed_class).
+from horovod.torch.optimizer import _DistributedOptimizer as _HorovodOptimizer
+
+from hvdtrain.checkpoint import atomic_write
+from hvdtrain.schedule import (
+    DEFAULT_BASE_BATCH_SIZE,
+    DEFAULT_GAMMA,
+    DEFAULT_WARMUP_EPOCHS,
+    LinearScalingSchedule,
+)
+
+__all__ = [
+    "Adasum",
+    "Average",
+    "Compression",
+    "DistributedOptimizer",
+    "LinearScalingWarmup",
+    "ParameterMismatchError",
+    "ReplicaMismatchError",
+    "Sum",
+    "allgather",
+    "allgather_object",
+    "allreduce",
+    "average_metrics",
+    "broadcast",
+    "broadcast_object",
+    "broadcast_state",
+    "check_parameters_match",
+    "distributed_sampler",
+    "init",
+    "is_initialized",
+    "join",
+    "load_checkpoint",
+    "local_rank",
+    "local_size",
+    "rank",
+    "save_checkpoint",
+    "shutdown",
+    "size",
+    "verify_replicas",
+]
+
+CHECKPOINT_FORMAT = "hvdtrain.torch/1"
+_COMPRESSIONS = {None: Compression.none, "fp16": Compression.fp16, "bf16": Compression.none}
+
+
+class ParameterMismatchError(ValueError):
+    """The ranks' models differ (names, shapes or dtypes), so their gradients cannot be averaged."""
+
+
+class ReplicaMismatchError(RuntimeError):
+    """The replicas' parameters, buffers or optimizer state are no longer identical."""
+
+
+def _require_initialized(what: str) -> None:
+    if not _hvd.is_initialized():
+        raise RuntimeError(f"{what} needs Horovod: call hvt.init() first")
+
+
+# --------------------------------------------------------------------------- optimizer
+
+
+class _Extras:
+    """What hvdtrain adds to Horovod's optimizer, merged into DistributedOptimizer's class.
+
+    Horovod's methods call ``super(self.__class__, self)``, so its optimizer cannot be
+    subclassed; instead these methods sit beside Horovod's in one class whose base is
+    the user's optimizer class, and call Horovod's explicitly.
+    """
+
+    def synchronize(self) -> None:
+        """Finish the allreduce of every gradient; afterwards each holds the mean over
+        all workers and, with ``backward_passes_per_step > 1``, over the micro-batches."""
+        # Horovod counts down backward passes per parameter; read them before it resets.
+        passes = {p: self.backward_passes_per_step - left
+                  for p, left in self._allreduce_delay.items()}
+        _HorovodOptimizer.synchronize(self)
+        if self.backward_passes_per_step > 1:
+            for parameter, count in passes.items():
+                if count > 1 and parameter.grad is not None:
+                    parameter.grad.div_(count)
+
+    def step(self, closure=None):
+        """Synchronize (unless already done), then apply the averaged gradients.
+
+        With ``skip_nonfinite=True``, a step whose averaged gradient has a NaN or Inf
+        on any rank is skipped on every rank and counted in ``skipped_steps``.
+        """
+        if self._should_synchronize and not self._synchronized:
+            self.synchronize()
+        if self.skip_nonfinite and not self._gradients_finite_on_all_ranks():
+            self.skipped_steps += 1
+            self._synchronized = False
+            return None
+        with self.skip_synchronize():
+            return _HorovodOptimizer.step(self, closure)
+
+    def _gradients_finite_on_all_ranks(self) -> bool:
+        grads = [p.grad for group in self.param_groups for p in group["params"]
+                 if p.grad is not None]
+        finite = all(bool(torch.isfinite(g).all()) for g in grads)
+        flag = torch.tensor(0.0 if finite else 1.0, dtype=torch.float64)
+        return _hvd.allreduce(flag, op=Sum, name="hvdtrain.nonfinite").item() == 0
+
+    def _allreduce_grad_async(self, parameter):
+        if not self._bf16 or parameter.grad is None or parameter.grad.is_sparse:
+            return _HorovodOptimizer._allreduce_grad_async(self, parameter)
+        return _bf16_allreduce_async(parameter.grad, self._parameter_names.get(parameter),
+                                     self.op), None
+
+
+def _bf16_allreduce_async(gradient: torch.Tensor, name: str, op) -> Any:
+    """Average (or sum) ``gradient`` across ranks with bfloat16 on the wire.
+
+    Horovod 0.28.1 has no bfloat16 reduction, so the bfloat16 bits travel as int16
+    through Horovod's allgather and each rank adds the ranks' values in rank order
+    in the gradient's own dtype: every rank gets the identical result.
+    """
+    bits = gradient.detach().to(torch.bfloat16).reshape(1, -1).view(torch.int16)
+    handle = _hvd.allgather_async(bits, name=f"{name}.bf16")
+
+    def reduced() -> torch.Tensor:
+        gathered = _hvd.synchronize(handle).view(torch.bfloat16).to(gradient.dtype)
+        total = gathered.sum(dim=0)
+        if op == Average:
+            total /= gathered.shape[0]
+        return total.view_as(gradient)
+
+    return reduced
+
+
+def DistributedOptimizer(
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+    *,
+    compression: str | None = None,
+    backward_passes_per_step: int = 1,
+    op=Average,
+    groups: int | list[list[torch.Tensor]] | None = None,
+    skip_nonfinite: bool = False,
+) -> torch.optim.Optimizer:
+    """Wrap ``optimizer`` so that its gradients are averaged over all workers.
+
+    Returns an instance of a subclass of ``type(optimizer)`` with the same param
+    groups and state: ``step``, ``zero_grad``, ``state_dict``, ``load_state_dict``,
+    ``add_param_group`` behave as before, and each gradient's allreduce starts
+    during ``backward()`` (Horovod's hooks and tensor fusion).
+
+    Args:
+        optimizer: any ``torch.optim.Optimizer``.
+        named_parameters: ``model.named_parameters()``; names the allreduces and the
+            parameters in error messages.
+        compression: None, "fp16" (Horovod's fp16 allreduce) or "bf16" (bfloat16 on the
+            wire through Horovod's allgather, since Horovod has no bfloat16 reduction;
+            it carries fewer bytes than a float32 allreduce only up to 3 workers).
+            Horovod's ``Compression.none``/``Compression.fp16`` are accepted too.
+        backward_passes_per_step: micro-batches accumulated per step. The applied
+            gradient is the mean over the micro-batches and workers, so the loss needs
+            no manual scaling (Horovod's own wrapper leaves that 1/N to you).
+        op: ``Average`` (default), ``Sum`` or ``Adasum``.
+        groups: Horovod's explicit allreduce grouping (an int or lists of parameters).
+        skip_nonfinite: skip, on every rank alike, a step whose averaged gradient has a
+            NaN or Inf; ``optimizer.skipped_steps`` counts them.
+
+    Raises:
+        ParameterMismatchError: on every rank, when the ranks' parameters differ in
+            names, shapes or dtypes (names the rank, the parameter and both values).
+
+    With ``torch.amp.GradScaler``, call ``optimizer.synchronize()`` before
+    ``scaler.unscale_(optimizer)`` or ``scaler.step(optimizer)``; ``step()`` then does
+    not synchronize again.
+    """
+    _require_initialized("DistributedOptimizer")
+    compression_name = _compression_name(compression)
+    if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
+            or backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be an int >= 1, "
+                         f"got {backward_passes_per_step!r}")
+    if op not in (Average, Sum, Adasum):
+        raise ValueError("op must be hvt.Average, hvt.Sum or hvt.Adasum")
+    if compression_name == "bf16" and groups is not None:
+        raise ValueError("compression='bf16' cannot be combined with groups: Horovod's grouped "
+                         "allreduce has no bfloat16 path; drop one of them")
+    if op == Adasum and (backward_passes_per_step > 1 or skip_nonfinite
+                         or compression_name == "bf16"):
+        raise ValueError("op=Adasum is passed straight to Horovod's Adasum optimizer; it does "
+                         "not support backward_passes_per_step > 1, skip_nonfinite or bf16")
+
+    named = _named_parameters(optimizer, named_parameters)
+    check_parameters_match(named)
+    if op == Adasum:
+        return _hvd.DistributedOptimizer(optimizer, named, compression=_COMPRESSIONS[
+            compression_name], op=Adasum)
+
+    cls = _distributed_class(type(optimizer))
+    wrapped = cls(optimizer.param_groups, named, _COMPRESSIONS[compression_name],
+                  backward_passes_per_step, op, 1.0, groups)
+    wrapped.defaults = optimizer.defaults  # Horovod rebuilds with the class's defaults
+    wrapped.skip_nonfinite = skip_nonfinite
+    wrapped.skipped_steps = 0
+    wrapped._bf16 = compression_name == "bf16"
+    wrapped.load_state_dict(optimizer.state_dict())  # keep state built before wrapping
+    return wrapped
+
+
+def _distributed_class(base: type) -> type:
+    methods = dict(vars(_HorovodOptimizer))
+    methods.update((name, member) for name, member in vars(_Extras).items()
+                   if not name.startswith("__"))
+    methods["__doc__"] = f"{base.__name__} with gradients averaged over Horovod workers."
+    return type(base.__name__, (base,), methods)
+
+
+def _compression_name(compression: Any) -> str | None:
+    if compression is Compression.none:
+        return None
+    if compression is Compression.fp16:
+        return "fp16"
+    if compression not in _COMPRESSIONS:
+        raise ValueError(f"compression must be None, 'fp16' or 'bf16', got {compression!r}")
+    return compression
+
+
+def _named_parameters(optimizer: torch.optim.Optimizer,
+                      named_parameters: Iterable[tuple[str, torch.Tensor]] | None
+                      ) -> list[tuple[str, torch.Tensor]]:
+    if named_parameters is not None:
+        return list(named_parameters)
+    return [(f"param_group{i}.{j}", p) for i, group in enumerate(optimizer.param_groups)
+            for j, p in enumerate(group["params"])]
+
+
+def check_parameters_match(named_parameters: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Raise :class:`ParameterMismatchError` on every rank unless all ranks' parameters
+    have the same names, shapes and dtypes, in the same order.
+
+    :func:`DistributedOptimizer` calls it; call it yourself before any other
+    collective over a model that might differ between ranks.
+    """
+    _require_initialized("check_parameters_match")
+    mine = [(name, tuple(p.shape), str(p.dtype)) for name, p in named_parameters]
+    everyone = allgather_object(mine, name="hvdtrain.parameter_specs")
+    problem = _first_parameter_difference(everyone)
+    if problem:
+        raise ParameterMismatchError(
+            f"the ranks' models differ: {problem}. Every rank must build the same model "
+            "(same layers, shapes and dtypes, in the same order) before wrapping its optimizer."
+        )
+
+
+def _first_parameter_difference(specs_by_rank: list[list[tuple]]) -> str | None:
+    reference = specs_by_rank[0]
+    reference_by_name = {name: (shape, dtype) for name, shape, dtype in reference}
+    for other_rank, specs in enumerate(specs_by_rank[1:], start=1):
+        by_name = {name: (shape, dtype) for name, shape, dtype in specs}
+        for name, (shape, dtype) in reference_by_name.items():
+            if name not in by_name:
+                return f"rank {other_rank} has no parameter {name!r}, which rank 0 has"
+            other_shape, other_dtype = by_name[name]
+            if other_shape != shape:
+                return (f"parameter {name!r} has shape {shape} on rank 0 "
+                        f"but {other_shape} on rank {other_rank}")
+            if other_dtype != dtype:
+                return (f"parameter {name!r} has dtype {dtype} on rank 0 "
+                        f"but {other_dtype} on rank {other_rank}")
+        extra = [name for name in by_name if name not in reference_by_name]
+        if extra:
+            return f"rank {other_rank} has parameter {extra[0]!r}, which rank 0 lacks"
+        if [s[0] for s in specs] != [s[0] for s in reference]:
+            return f"rank {other_rank} lists the parameters in a different order than rank 0"
+    return None
+
+
+# --------------------------------------------------------------------------- scheduler
+
+
+class LinearScalingWarmup(torch.optim.lr_scheduler.LRScheduler):
+    """Goyal et al.'s linear scaling rule with gradual warmup, for any torch optimizer.
+
+    Step it once per optimizer step. Each param group's learning rate when the
+    scheduler is made is its η, the rate tuned for ``base_batch_size``; the group then
+    follows :class:`hvdtrain.schedule.LinearScalingSchedule`: η at step 0, rising by a
+    constant amount per step to kη after ``warmup_epochs``, then kη times ``gamma`` at
+    each milestone epoch, where k = batch_size_per_worker x world_size x
+    backward_passes_per_step / base_batch_size.
+
+    PyTorch's SGD keeps the learning rate out of its momentum buffer (v = μv + g;
+    p -= lr·v), so changing the rate needs no momentum correction here (Goyal et al.'s
+    remark 2 applies to the v = μv + lr·g form, which Keras uses).
+
+    ``state_dict()`` holds only the progress (step count and base rates); resuming
+    with ``load_state_dict`` continues the exact sequence. Example::
+
+        scheduler = hvt.LinearScalingWarmup(optimizer, batch_size_per_worker=32,
+                                            steps_per_epoch=len(loader))
+        ...
+        optimizer.step()
+        scheduler.step()
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        *,
+        batch_size_per_worker: int,
+        steps_per_epoch: int,
+        base_batch_size: int = DEFAULT_BASE_BATCH_SIZE,
+        warmup_epochs: float = DEFAULT_WARMUP_EPOCHS,
+        milestones: Iterable[int] = (),
+        gamma: float = DEFAULT_GAMMA,
+        backward_passes_per_step: int = 1,
+        world_size: int | None = None,
+    ) -> None:
+        accumulating = getattr(optimizer, "backward_passes_per_step", 1)
+        if accumulating != backward_passes_per_step:
+            raise ValueError(
+                f"the optimizer accumulates {accumulating} backward passes per step but "
+                f"LinearScalingWarmup got backward_passes_per_step={backward_passes_per_step}; "
+                f"pass backward_passes_per_step={accumulating} so k counts the whole global batch"
+            )
+        if world_size is None:
+            _require_initialized("LinearScalingWarmup (world_size=None means Horovod's size)")
+            world_size = _hvd.size()
+        self._schedule_arguments = dict(
+            batch_size_per_worker=batch_size_per_worker, workers=world_size,
+            steps_per_epoch=steps_per_epoch, base_batch_size=base_batch_size,
+            warmup_epochs=warmup_epochs, milestones=tuple(milestones), gamma=gamma,
+            backward_passes_per_step=backward_passes_per_step,
+        )
+        # Validate now, with a placeholder η, so a bad argument fails here, not at step 0.
+        LinearScalingSchedule(base_lr=1.0, **self._schedule_arguments)
+        super().__init__(optimizer)
+
+    def schedule_for(self, base_lr: float) -> LinearScalingSchedule:
+        """The schedule one param group follows, given its η."""
+        return LinearScalingSchedule(base_lr=base_lr, **self._schedule_arguments)
+
+    def get_lr(self) -> list[float]:
+        step = max(self.last_epoch, 0)
+        return [self.schedule_for(eta).lr_at(step) if eta > 0 else 0.0 for eta in self.base_lrs]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Progress only (not the configuration), so a resumed run keeps its own arguments."""
+        state = super().state_dict()
+        state.pop("_schedule_arguments", None)
+        return state
+
+
+# --------------------------------------------------------------------------- state
+
+
+@dataclass(frozen=True)
+class _TensorSpec:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def broadcast_state(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    *,
+    root_rank: int = 0,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Make every rank hold ``root_rank``'s model, optimizer, scheduler and ``extra``.
+
+    Call it once after building everything (and after loading a checkpoint on the
+    root), before the first step. Parameters, buffers and optimizer tensors travel by
+    Horovod's in-place broadcast; the optimizer's layout, its scalars, the scheduler
+    and ``extra`` (epoch, step, seeds, ...) by ``broadcast_object``. No dummy step is
+    taken to create lazily built state such as Adam's moments (Horovod's
+    ``broadcast_optimizer_state`` takes one, which moves the weights under weight
+    decay): a rank whose optimizer has state the root lacks simply drops it, and the
+    state is then created identically on every rank at the first step.
+
+    Returns the root's ``extra`` (a new dict) on every rank.
+    """
+    _require_initialized("broadcast_state")
+    tensors = {name: t.data for name, t in chain(model.named_parameters(),
+                                                   model.named_buffers())}
+    _hvd.broadcast_parameters(tensors, root_rank=root_rank)
+    is_root = _hvd.rank() == root_rank
+    optimizer_state = optimizer.state_dict() if optimizer is not None and is_root else None
+    header = {
+        "optimizer": _tensor_skeleton(optimizer_state) if is_root else None,
+        "scheduler": scheduler.state_dict() if scheduler is not None and is_root else None,
+        "extra": dict(extra or {}) if is_root else None,
+    }
+    header = broadcast_object(header, root_rank=root_rank, name="hvdtrain.state.header")
+    if optimizer is not None:
+        if not is_root:
+            optimizer_state = _materialize(header["optimizer"])
+        _broadcast_tensors_in_place(_tensor_leaves(optimizer_state), root_rank, "optimizer")
+        if not is_root:
+            optimizer.load_state_dict(optimizer_state)
+    if scheduler is not None and not is_root:
+        scheduler.load_state_dict(header["scheduler"])
+    return header["extra"]
+
+
+def _tensor_skeleton(tree: Any) -> Any:
+    """``tree`` with every tensor replaced by its shape and dtype."""
+    if isinstance(tree, torch.Tensor):
+        return _TensorSpec(tuple(tree.shape), tree.dtype)
+    if isinstance(tree, dict):
+        return {key: _tensor_skeleton(value) for key, value in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(_tensor_skeleton(value) for value in tree)
+    return tree
+
+
+def _materialize(skeleton: Any) -> Any:
+    if isinstance(skeleton, _TensorSpec):
+        return torch.empty(skeleton.shape, dtype=skeleton.dtype)
+    if isinstance(skeleton, dict):
+        return {key: _materialize(value) for key, value in skeleton.items()}
+    if isinstance(skeleton, list | tuple):
+        return type(skeleton)(_materialize(value) for value in skeleton)
+    return skeleton
+
+
+def _tensor_leaves(tree: Any, path: str = "") -> list[tuple[str, torch.Tensor]]:
+    if isinstance(tree, torch.Tensor):
+        return [(path, tree)]
+    if isinstance(tree, dict):
+        return [leaf for key in tree for leaf in _tensor_leaves(tree[key], f"{path}.{key}")]
+    if isinstance(tree, list | tuple):
+        return [leaf for i, value in enumerate(tree)
+                for leaf in _tensor_leaves(value, f"{path}.{i}")]
+    return []
+
+
+def _broadcast_tensors_in_place(leaves: list[tuple[str, torch.Tensor]], root_rank: int,
+                                prefix: str) -> None:
+    handles = [_hvd.broadcast_async_(tensor, root_rank, name=f"hvdtrain.{prefix}{path}")
+               for path, tensor in leaves]
+    for handle in handles:
+        _hvd.synchronize(handle)
+
+
+def _leaf_checksums(tree: Any, path: str) -> list[tuple[str, str]]:
+    """(path, checksum) of every leaf: crc32 of a tensor's bytes, repr of anything else."""
+    if isinstance(tree, torch.Tensor):
+        data = tree.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+        return [(path, f"{tuple(tree.shape)}:{tree.dtype}:{zlib.crc32(data):08x}")]
+    if isinstance(tree, dict):
+        return [leaf for key in tree for leaf in _leaf_checksums(tree[key], f"{path}.{key}")]
+    if isinstance(tree, list | tuple):
+        return [leaf for i, value in enumerate(tree)
+                for leaf in _leaf_checksums(value, f"{path}.{i}")]
+    return [(path, repr(tree))]
+
+
+def verify_replicas(model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer | None = None) -> None:
+    """Check that every rank holds bit-identical parameters, buffers and optimizer state.
+
+    Each rank computes a crc32 per tensor and one ``allgather_object`` compares them,
+    so it is cheap enough to call every epoch. Returns normally when all agree.
+
+    Raises:
+        ReplicaMismatchError: on every rank, naming the ranks that differ from rank 0
+            and the first tensor where they do.
+    """
+    _require_initialized("verify_replicas")
+    tree: dict[str, Any] = {"model": dict(chain(model.named_parameters(),
+                                                model.named_buffers()))}
+    if optimizer is not None:
+        tree["optimizer"] = optimizer.state_dict()
+    mine = _leaf_checksums(tree, "")
+    everyone = allgather_object(mine, name="hvdtrain.replica_checksums")
+    reference = everyone[0]
+    differing = [r for r, sums in enumerate(everyone) if sums != reference]
+    if not differing:
+        return
+    first_rank = differing[0]
+    other = everyone[first_rank]
+    for (path, checksum), (other_path, other_checksum) in zip(reference, other, strict=False):
+        if path != other_path or checksum != other_checksum:
+            where = path.lstrip(".") if path == other_path else f"{path} / {other_path}"
+            break
+    else:
+        where = f"a different number of tensors ({len(reference)} on rank 0, {len(other)})"
+    raise ReplicaMismatchError(
+        f"replicas differ: rank(s) {differing} disagree with rank 0; first difference on "
+        f"rank {first_rank}: {where}. Broadcast the state from rank 0 (hvt.broadcast_state) "
+        "and look for rank-dependent code paths that touch the model or optimizer."
+    )
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+_CHECKPOINT_LEAVES = (type(None), bool, int, float, str, torch.Tensor)
+
+
+def _check_saveable(value: Any, where: str) -> None:
+    """Checkpoints load with ``torch.load(weights_only=True)``: only plain data may go in."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_saveable(item, f"{where}[{key!r}]")
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check_saveable(item, f"{where}[{i}]")
+    elif not isinstance(value, _CHECKPOINT_LEAVES):
+        raise TypeError(
+            f"checkpoint value {where} is a {type(value).__name__}; only tensors, numbers, "
+            "strings, None and lists/tuples/dicts of them can be saved (checkpoints are read "
+            "with torch.load(weights_only=True)); convert it, e.g. with int(), float() or str()"
+        )
+
+
+def save_checkpoint(
+    path: str | os.PathLike[str],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    **extra: Any,
+) -> None:
+    """Write a checkpoint from rank 0, atomically; every rank calls it.
+
+    The file is written to a temporary file in the same folder, fsynced and renamed
+    over ``path`` (:func:`hvdtrain.checkpoint.atomic_write`), so a crash mid-write
+    leaves the previous checkpoint intact. ``extra`` (epoch=..., step=...) must be
+    plain data. If rank 0 fails to write, every rank raises the same error, instead
+    of the other ranks running on into a hang.
+    """
+    _require_initialized("save_checkpoint")
+    error = None
+    if _hvd.rank() == 0:
+        try:
+            payload = {
+                "format": CHECKPOINT_FORMAT,
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict() if optimizer is not None else None,
+                "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                "extra": extra,
+            }
+            _check_saveable(payload, "checkpoint")
+            with atomic_write(path) as file:
+                torch.save(payload, file)
+        except Exception as failure:
+            error = f"{type(failure).__name__}: {failure}"
+    error = broadcast_object(error, root_rank=0, name="hvdtrain.checkpoint.saved")
+    if error:
+        raise RuntimeError(f"rank 0 could not write checkpoint {os.fspath(path)}: {error}")
+
+
+def load_checkpoint(
+    path: str | os.PathLike[str],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+) -> dict[str, Any]:
+    """Read a checkpoint on rank 0 and give its state to every rank; every rank calls it.
+
+    Rank 0 reads ``path`` with ``torch.load(weights_only=True)`` and loads it into
+    its model, optimizer and scheduler; :func:`broadcast_state` then copies them to
+    the other ranks. Returns the extras saved with the checkpoint (on every rank).
+    A missing or unreadable file raises the same error on every rank.
+    """
+    _require_initialized("load_checkpoint")
+    error = None
+    extra: dict[str, Any] = {}
+    if _hvd.rank() == 0:
+        try:
+            payload = torch.load(path, map_location="cpu", weights_only=True)
+            if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+                raise ValueError(f"not an hvdtrain PyTorch checkpoint (expected format "
+                                 f"{CHECKPOINT_FORMAT!r})")
+            model.load_state_dict(payload["model"])
+            _load_part(optimizer, payload["optimizer"], "optimizer")
+            _load_part(scheduler, payload["scheduler"], "scheduler")
+            extra = payload["extra"]
+        except Exception as failure:
+            error = f"{type(failure).__name__}: {failure}"
+    error = broadcast_object(error, root_rank=0, name="hvdtrain.checkpoint.loaded")
+    if error:
+        raise RuntimeError(f"rank 0 could not load checkpoint {os.fspath(path)}: {error}")
+    return broadcast_state(model, optimizer, scheduler, root_rank=0, extra=extra)
+
+
+def _load_part(target: Any, state: dict | None, what: str) -> None:
+    if target is None:
+        return
+    if state is None:
+        raise ValueError(f"the checkpoint has no {what} state, but a {what} was passed")
+    target.load_state_dict(state)
+
+
+# --------------------------------------------------------------------------- data, metrics
+
+
+def average_metrics(metrics: Mapping[str, float | torch.Tensor]) -> dict[str, float]:
+    """The mean of each metric over all ranks, identical on every rank.
+
+    Every rank must pass the same keys (a mismatch raises ValueError on every rank);
+    values are numbers or one-element tensors. Example::
+
+        logs = hvt.average_metrics({"loss": total_loss / batches, "accuracy": accuracy})
+    """
+    _require_initialized("average_metrics")
+    mine = {key: float(value) for key, value in metrics.items()}
+    everyone = allgather_object(mine, name="hvdtrain.metrics")
+    keys = sorted(mine)
+    for other_rank, other in enumerate(everyone):
+        if sorted(other) != keys:
+            raise ValueError(f"average_metrics got keys {sorted(everyone[0])} on rank 0 but "
+                             f"{sorted(other)} on rank {other_rank}; pass the same keys on "
+                             "every rank")
+    return {key: sum(values[key] for values in everyone) / len(everyone) for key in keys}
+
+
+def distributed_sampler(dataset: torch.utils.data.Dataset, *, shuffle: bool = True,
+                        seed: int = 0) -> torch.utils.data.distributed.DistributedSampler:
+    """A sampler giving this rank its share of one shuffle per epoch (Goyal et al. §3).
+
+    Every rank draws the same permutation (from ``seed`` and the epoch) and takes
+    every size()-th index of it. Call ``sampler.set_epoch(epoch)`` at the start of
+    each epoch, or every epoch repeats the first one's order. If the dataset does not
+    divide evenly, a few examples are repeated so every rank has as many batches.
+    """
+    _require_initialized("distributed_sampler")
+    return torch.utils.data.distributed.DistributedSampler(
+        dataset, num_replicas=_hvd.size(), rank=_hvd.rank(), shuffle=shuffle, seed=seed
+    )
+

@@ -1,0 +1,62 @@
+"""Crash-safe checkpoint files, framework-free.
+
+:func:`atomic_write` is what every adapter's ``save_checkpoint`` writes through: the
+bytes go to a temporary file in the destination's folder, are flushed and fsynced,
+and only then renamed over the destination (an atomic step on POSIX file systems),
+and the folder is fsynced so that the rename itself survives a power cut. A crash
+at any moment leaves either the previous checkpoint or the new one, never a torn file.
+
+Example::
+
+    import json
+    from hvdtrain.checkpoint import atomic_write
+
+    with atomic_write("run/state.json") as f:
+        f.write(json.dumps({"epoch": 3}).encode())
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+    """Open a binary file that replaces ``path`` only when the block ends without error.
+
+    The parent folder must exist. On an exception the temporary file is removed and
+    ``path`` is untouched; after a hard crash a ``.<name>.*.tmp`` file may remain
+    beside it, and ``path`` is still the previous, complete version.
+    """
+    destination = Path(path)
+    folder = destination.parent
+    if not folder.is_dir():
+        raise FileNotFoundError(
+            f"cannot write checkpoint {destination}: folder {folder} does not exist; create it "
+            "first (for example with os.makedirs(folder, exist_ok=True) on rank 0)"
+        )
+    fd, temporary = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as file:
+            yield file
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, destination)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    _fsync_folder(folder)
+
+
+def _fsync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
