@@ -669,12 +669,11 @@ def average_metrics(metrics: Mapping[str, float | torch.Tensor]) -> dict[str, fl
     _require_initialized("average_metrics")
     mine = {key: float(value) for key, value in metrics.items()}
     everyone = allgather_object(mine, name="hvdtrain.metrics")
-    keys = sorted(mine)
-    for other_rank, other in enumerate(everyone):
+    keys = sorted(everyone[0])
+    for other_rank, other in enumerate(everyone[1:], start=1):
         if sorted(other) != keys:
-            raise ValueError(f"average_metrics got keys {sorted(everyone[0])} on rank 0 but "
-                             f"{sorted(other)} on rank {other_rank}; pass the same keys on "
-                             "every rank")
+            raise ValueError(f"average_metrics got keys {keys} on rank 0 but {sorted(other)} "
+                             f"on rank {other_rank}; pass the same keys on every rank")
     return {key: sum(values[key] for values in everyone) / len(everyone) for key in keys}
 
 

@@ -1,0 +1,272 @@
+"""Runs on each of 2 ranks: every check of hvdtrain.adapters.torch in one launch.
+
+``python torch_adapter.py OUTDIR``. Each scenario prints ``REPORT {json}`` lines and
+saves tensors as OUTDIR/<name>-rank<r>.pt; tests/adapters/test_torch.py compares
+them with an independent single-process computation and across ranks.
+"""
+
+import json
+import sys
+import zlib
+from pathlib import Path
+
+import torch
+from torch_common import (
+    STEPS,
+    STEPS_PER_EPOCH,
+    WARMUP_EPOCHS,
+    loss_fn,
+    make_data,
+    make_model,
+    make_optimizer,
+    rows,
+)
+
+import hvdtrain.adapters.torch as hvt
+
+OUT = Path(sys.argv[1])
+
+
+def report(scenario: str, **values) -> None:
+    print("REPORT " + json.dumps({"scenario": scenario, "rank": hvt.rank(), **values}),
+          flush=True)
+
+
+def save(name: str, tensors: dict) -> None:
+    torch.save(tensors, OUT / f"{name}-rank{hvt.rank()}.pt")
+
+
+def checksum(model: torch.nn.Module) -> str:
+    crc = 0
+    for p in model.parameters():
+        crc = zlib.crc32(p.detach().contiguous().view(-1).view(torch.uint8).numpy(), crc)
+    return f"{crc:08x}"
+
+
+def parameters(model: torch.nn.Module) -> dict:
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def train(name: str, kind: str, passes: int = 1, dtype=torch.float64, **wrapper) -> None:
+    """20 steps on this rank's shards through DistributedOptimizer + LinearScalingWarmup."""
+    x, y = make_data(dtype=dtype)
+    # Rank 0 starts from the reference's weights; rank 1 from others until the broadcast.
+    model = make_model(seed=123 if hvt.rank() == 0 else 999, dtype=dtype)
+    optimizer = hvt.DistributedOptimizer(make_optimizer(kind, model.parameters()),
+                                         model.named_parameters(),
+                                         backward_passes_per_step=passes, **wrapper)
+    scheduler = hvt.LinearScalingWarmup(
+        optimizer, batch_size_per_worker=4, steps_per_epoch=STEPS_PER_EPOCH, base_batch_size=4,
+        warmup_epochs=WARMUP_EPOCHS, backward_passes_per_step=passes,
+    )
+    hvt.broadcast_state(model, optimizer, scheduler)
+    lrs, checksums = [], []
+    for step in range(STEPS):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.zero_grad()
+        for micro in range(passes):
+            part = rows(step, micro, hvt.rank(), passes)
+            loss_fn(model, x[part], y[part]).backward()
+        optimizer.step()
+        scheduler.step()
+        checksums.append(checksum(model))
+    report(name, lrs=lrs, checksums=checksums)
+    save(name, parameters(model))
+
+
+def scenario_broadcast_state() -> None:
+    model = make_model(seed=500 + hvt.rank())
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    x, y = make_data()
+    if hvt.rank() == 0:  # only rank 0 has Adam moments and a scheduler that moved
+        for step in range(3):
+            optimizer.zero_grad()
+            loss_fn(model, x[rows(step, 0, 0, 1)], y[rows(step, 0, 0, 1)]).backward()
+            optimizer.step()
+            scheduler.step()
+    before = checksum(model)
+    extra = hvt.broadcast_state(model, optimizer, scheduler,
+                                extra={"epoch": 3, "seed": 41} if hvt.rank() == 0 else None)
+    after = checksum(model)
+    try:
+        hvt.verify_replicas(model, optimizer)
+        identical = True
+    except hvt.ReplicaMismatchError:
+        identical = False
+    report("broadcast_state", before=before, after=after, extra=extra, identical=identical,
+           adam_state_entries=len(optimizer.state), last_lr=scheduler.get_last_lr())
+
+    # Neither rank has optimizer state yet: nothing may touch the weights.
+    fresh = make_model(seed=600 + hvt.rank())
+    adam = torch.optim.Adam(fresh.parameters(), lr=0.01, weight_decay=0.1)
+    fresh_before = checksum(fresh)
+    hvt.broadcast_state(fresh, adam)
+    report("broadcast_fresh", before=fresh_before, after=checksum(fresh),
+           state_entries=len(adam.state))
+
+
+def scenario_mismatch() -> None:
+    for label, model in (
+        ("shape", make_model(hidden=5 if hvt.rank() == 0 else 4)),
+        ("dtype", make_model(dtype=torch.float64 if hvt.rank() == 0 else torch.float32)),
+    ):
+        try:
+            hvt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                     model.named_parameters())
+            message = None
+        except hvt.ParameterMismatchError as error:
+            message = str(error)
+        report(f"mismatch_{label}", message=message)
+
+
+def scenario_verify_replicas() -> None:
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    hvt.verify_replicas(model, optimizer)
+    if hvt.rank() == 1:
+        with torch.no_grad():
+            model[2].bias[1] += 1e-12
+    try:
+        hvt.verify_replicas(model, optimizer)
+        message = None
+    except hvt.ReplicaMismatchError as error:
+        message = str(error)
+    report("verify_replicas", message=message)
+
+
+def scenario_skip_nonfinite() -> None:
+    x, y = make_data()
+    model = make_model()
+    optimizer = hvt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         model.named_parameters(), skip_nonfinite=True)
+    sums = []
+    for step in range(3):
+        optimizer.zero_grad()
+        loss = loss_fn(model, x[rows(step, 0, hvt.rank(), 1)], y[rows(step, 0, hvt.rank(), 1)])
+        if step == 1 and hvt.rank() == 1:
+            loss = loss * float("nan")
+        loss.backward()
+        optimizer.step()
+        sums.append(checksum(model))
+    report("skip_nonfinite", checksums=sums, skipped=optimizer.skipped_steps)
+
+
+def scenario_checkpoint() -> None:
+    path = OUT / "checkpoint.pt"
+    x, y = make_data()
+
+    def build(seed):
+        model = make_model(seed=seed)
+        optimizer = hvt.DistributedOptimizer(make_optimizer("adam", model.parameters()),
+                                             model.named_parameters())
+        scheduler = hvt.LinearScalingWarmup(optimizer, batch_size_per_worker=4,
+                                            steps_per_epoch=2, base_batch_size=4,
+                                            warmup_epochs=2)
+        hvt.broadcast_state(model, optimizer, scheduler)
+        return model, optimizer, scheduler
+
+    def run(model, optimizer, scheduler, steps, lrs):
+        for step in steps:
+            lrs.append(optimizer.param_groups[0]["lr"])
+            optimizer.zero_grad()
+            loss_fn(model, x[rows(step, 0, hvt.rank(), 1)],
+                    y[rows(step, 0, hvt.rank(), 1)]).backward()
+            optimizer.step()
+            scheduler.step()
+
+    model, optimizer, scheduler = build(seed=1)
+    straight_lrs: list[float] = []
+    run(model, optimizer, scheduler, range(3), straight_lrs)
+    hvt.save_checkpoint(path, model, optimizer, scheduler, step=3, note="after 3 steps")
+    run(model, optimizer, scheduler, range(3, 8), straight_lrs)
+    straight = checksum(model)
+
+    # A failure in the middle of writing the next checkpoint leaves the last one intact.
+    real_save = torch.save
+
+    def torn_save(obj, file):
+        file.write(b"partial bytes of a checkpoint")
+        raise OSError("disk full (injected)")
+
+    torch.save = torn_save
+    try:
+        hvt.save_checkpoint(path, model, optimizer, scheduler, step=8)
+        torn_error = None
+    except RuntimeError as error:
+        torn_error = str(error)
+    finally:
+        torch.save = real_save
+
+    model, optimizer, scheduler = build(seed=2 + hvt.rank())
+    extra = hvt.load_checkpoint(path, model, optimizer, scheduler)
+    resumed_lrs = straight_lrs[:3]
+    run(model, optimizer, scheduler, range(extra["step"], 8), resumed_lrs)
+    report("checkpoint", straight=straight, resumed=checksum(model), extra=extra,
+           straight_lrs=straight_lrs, resumed_lrs=resumed_lrs, torn_error=torn_error,
+           leftovers=sorted(p.name for p in OUT.glob(".checkpoint.pt.*")))
+
+    try:
+        hvt.load_checkpoint(OUT / "missing.pt", model)
+        missing_error = None
+    except RuntimeError as error:
+        missing_error = str(error)
+    report("checkpoint_missing", error=missing_error)
+
+
+def scenario_grad_scaler() -> None:
+    x, y = make_data(dtype=torch.float32)
+    model = make_model(dtype=torch.float32)
+    optimizer = hvt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         model.named_parameters())
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    for step in range(3):
+        optimizer.zero_grad()
+        part = rows(step, 0, hvt.rank(), 1)
+        scaler.scale(loss_fn(model, x[part], y[part])).backward()
+        optimizer.synchronize()
+        scaler.step(optimizer)
+        scaler.update()
+    save("grad_scaler", parameters(model))
+    report("grad_scaler", checksum=checksum(model), scale=scaler.get_scale())
+
+
+def scenario_metrics_and_sampler() -> None:
+    averaged = hvt.average_metrics({"loss": 1.0 + hvt.rank(), "accuracy":
+                                    torch.tensor(0.25 * hvt.rank())})
+    try:
+        hvt.average_metrics({"loss": 1.0} if hvt.rank() == 0 else {"los": 1.0})
+        key_error = None
+    except ValueError as error:
+        key_error = str(error)
+    sampler = hvt.distributed_sampler(list(range(10)), seed=3)
+    epochs = []
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        epochs.append(list(sampler))
+    report("metrics", averaged=averaged, key_error=key_error, sampler=epochs)
+
+
+def main() -> None:
+    hvt.init()
+    torch.set_num_threads(1)
+    train("sgd", "sgd")
+    train("adam", "adam")
+    train("sgd_accumulate", "sgd", passes=2)
+    train("adam_accumulate", "adam", passes=2)
+    train("sgd_groups", "sgd", groups=2)
+    train("sgd_fp16", "sgd", dtype=torch.float32, compression="fp16")
+    train("sgd_bf16", "sgd", dtype=torch.float32, compression="bf16")
+    train("sgd_float32", "sgd", dtype=torch.float32)
+    scenario_broadcast_state()
+    scenario_mismatch()
+    scenario_verify_replicas()
+    scenario_skip_nonfinite()
+    scenario_checkpoint()
+    scenario_grad_scaler()
+    scenario_metrics_and_sampler()
+    hvt.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""What the PyTorch worker and its test build alike: data, model, optimizers, reference runs.
+
+The worker (tests/workers/torch_adapter.py) trains on 2 ranks through hvdtrain; the
+test repeats the same training in one plain-PyTorch process on the concatenated
+batch, which is the independent computation the distributed run must equal.
+"""
+
+import torch
+
+from hvdtrain.schedule import LinearScalingSchedule
+
+FEATURES, HIDDEN, CLASSES = 6, 5, 3
+BATCH_PER_WORKER = 4
+WORKERS = 2
+STEPS = 20
+STEPS_PER_EPOCH = 5
+WARMUP_EPOCHS = 2
+
+
+def make_data(steps: int = STEPS, batch: int = BATCH_PER_WORKER * WORKERS * 2,
+              dtype=torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+    """Enough rows for ``steps`` steps of the largest global batch used here."""
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randn(steps * batch, FEATURES, generator=generator, dtype=torch.float64)
+    y = torch.randint(0, CLASSES, (steps * batch,), generator=generator)
+    return x.to(dtype), y
+
+
+def make_model(seed: int = 123, dtype=torch.float64, hidden: int = HIDDEN) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(FEATURES, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, CLASSES)
+    ).to(dtype)
+
+
+def make_optimizer(kind: str, parameters) -> torch.optim.Optimizer:
+    if kind == "sgd":
+        return torch.optim.SGD(parameters, lr=0.05, momentum=0.9)
+    if kind == "adam":
+        return torch.optim.Adam(parameters, lr=0.01, weight_decay=0.01)
+    raise ValueError(kind)
+
+
+def schedule(backward_passes_per_step: int = 1, base_lr: float = 1.0) -> LinearScalingSchedule:
+    """The schedule both sides use: base batch = one worker's batch, so k = 2 x passes."""
+    return LinearScalingSchedule(
+        base_lr=base_lr, batch_size_per_worker=BATCH_PER_WORKER, workers=WORKERS,
+        steps_per_epoch=STEPS_PER_EPOCH, base_batch_size=BATCH_PER_WORKER,
+        warmup_epochs=WARMUP_EPOCHS, backward_passes_per_step=backward_passes_per_step,
+    )
+
+
+def rows(step: int, micro_batch: int, rank: int, passes: int) -> slice:
+    """The rows rank ``rank`` trains on in micro-batch ``micro_batch`` of step ``step``."""
+    start = ((step * passes + micro_batch) * WORKERS + rank) * BATCH_PER_WORKER
+    return slice(start, start + BATCH_PER_WORKER)
+
+
+def global_rows(step: int, passes: int) -> slice:
+    """All rows of step ``step``: what one process sees on the concatenated batch."""
+    size = WORKERS * passes * BATCH_PER_WORKER
+    return slice(step * size, (step + 1) * size)
+
+
+def loss_fn(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(model(x), y)
+
+
+def reference_run(kind: str, passes: int = 1, steps: int = STEPS) -> dict[str, torch.Tensor]:
+    """One process, batch = all workers' micro-batches, LR from hvdtrain.schedule."""
+    x, y = make_data()
+    model = make_model()
+    optimizer = make_optimizer(kind, model.parameters())
+    plan = schedule(passes, base_lr=optimizer.param_groups[0]["lr"])
+    for step in range(steps):
+        for group in optimizer.param_groups:
+            group["lr"] = plan.lr_at(step)
+        optimizer.zero_grad()
+        part = global_rows(step, passes)
+        loss_fn(model, x[part], y[part]).backward()
+        optimizer.step()
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
