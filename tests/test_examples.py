@@ -1,4 +1,4 @@
-"""The README's main job: examples/torch_digits.py under horovodrun -np 2."""
+"""The examples a user copies, run as the README runs them: horovodrun -np 2."""
 
 import re
 from pathlib import Path
@@ -6,17 +6,45 @@ from pathlib import Path
 from hvdtrain.launch import run_workers
 
 EXAMPLES = Path(__file__).parents[1] / "examples"
-EPOCH_LINE = re.compile(r"epoch\s+(\d+)/(\d+)\s+lr ([\d.]+)\s+train loss ([\d.]+)\s+"
+EPOCH_LINE = re.compile(r"^epoch\s+(\d+)/(\d+)\s+lr ([\d.]+)\s+train loss ([\d.]+)\s+"
                         r"test accuracy ([\d.]+)")
+CHECKSUM_LINE = re.compile(r"final parameter checksum ([0-9a-f]{8})")
+SEED_LINES = ["worker0_local_step [0.94, -0.98]", "allreduced_step [0.96, -1.01]",
+              "gradient_mean [0.4, 0.1]"]
 
 
-def test_torch_digits_trains_and_only_rank_0_prints(controller):
-    result = run_workers(EXAMPLES / "torch_digits.py", ["--epochs", "12"],
+def train(tmp_path, controller, *args):
+    result = run_workers(EXAMPLES / "torch_train.py",
+                         ["--checkpoint", str(tmp_path / "run.pt"), *args],
                          controller=controller, timeout=180).check()
-    epochs = [EPOCH_LINE.search(line) for line in result.ranks[0].output.splitlines()]
-    epochs = [m for m in epochs if m]
-    assert [int(m[1]) for m in epochs] == list(range(1, 13))
+    root = result.ranks[0].output.splitlines()
+    epochs = [m for m in map(EPOCH_LINE.search, root) if m]
+    checksum = next(m[1] for m in map(CHECKSUM_LINE.search, root) if m)
+    return result, epochs, checksum
+
+
+def test_torch_train_learns_and_only_rank_0_prints(tmp_path, controller):
+    result, epochs, _ = train(tmp_path, controller, "--epochs", "10")
+    assert [int(m[1]) for m in epochs] == list(range(1, 11))
     losses = [float(m[4]) for m in epochs]
     assert losses[-1] < losses[0] / 3
     assert float(epochs[-1][5]) >= 0.9
-    assert not any(EPOCH_LINE.search(line) for line in result.ranks[1].output.splitlines())
+    assert "replicas identical" in result.ranks[0].output
+    assert "25% (" in result.ranks[0].output  # the progress line, rank 0 only
+    assert result.ranks[1].output.strip() == ""
+
+
+def test_torch_train_resume_matches_an_uninterrupted_run(tmp_path):
+    _, _, straight = train(tmp_path / "straight", "gloo", "--epochs", "6")
+    train(tmp_path / "interrupted", "gloo", "--epochs", "4")
+    _, resumed_epochs, resumed = train(tmp_path / "interrupted", "gloo", "--epochs", "6",
+                                       "--resume")
+    assert [int(m[1]) for m in resumed_epochs] == [5, 6]
+    assert resumed == straight
+
+
+def test_seed_example_prints_the_textbook_step_on_every_rank(controller):
+    result = run_workers(EXAMPLES / "seed_allreduce_torch.py", controller=controller,
+                         timeout=120).check()
+    for rank in result.ranks:
+        assert rank.output.splitlines()[-3:] == SEED_LINES
