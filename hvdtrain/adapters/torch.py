@@ -35,13 +35,13 @@ Example (run with ``horovodrun -np 2 python train.py``)::
 from __future__ import annotations
 
 import os
-import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
 import horovod.torch as _hvd
+import numpy as np
 import torch
 from horovod.torch import (
     Adasum,
@@ -68,6 +68,7 @@ from horovod.torch import (
 from horovod.torch.optimizer import _DistributedOptimizer as _HorovodOptimizer
 
 from hvdtrain.checkpoint import atomic_write
+from hvdtrain.replicas import ReplicaMismatchError, checksums, raise_on_mismatch
 from hvdtrain.schedule import (
     DEFAULT_BASE_BATCH_SIZE,
     DEFAULT_GAMMA,
@@ -112,10 +113,6 @@ _COMPRESSIONS = {None: Compression.none, "fp16": Compression.fp16, "bf16": Compr
 
 class ParameterMismatchError(ValueError):
     """The ranks' models differ (names, shapes or dtypes), so their gradients cannot be averaged."""
-
-
-class ReplicaMismatchError(RuntimeError):
-    """The replicas' parameters, buffers or optimizer state are no longer identical."""
 
 
 def _require_initialized(what: str) -> None:
@@ -449,15 +446,17 @@ def broadcast_state(
     is_root = _hvd.rank() == root_rank
     optimizer_state = optimizer.state_dict() if optimizer is not None and is_root else None
     header = {
-        "optimizer": _tensor_skeleton(optimizer_state) if is_root else None,
+        "optimizer": _map_leaves(optimizer_state, _spec_of) if is_root else None,
         "scheduler": scheduler.state_dict() if scheduler is not None and is_root else None,
         "extra": dict(extra or {}) if is_root else None,
     }
     header = broadcast_object(header, root_rank=root_rank, name="hvdtrain.state.header")
     if optimizer is not None:
         if not is_root:
-            optimizer_state = _materialize(header["optimizer"])
-        _broadcast_tensors_in_place(_tensor_leaves(optimizer_state), root_rank, "optimizer")
+            optimizer_state = _map_leaves(header["optimizer"], _empty_for)
+        state_tensors = [(path, leaf) for path, leaf in _leaves(optimizer_state)
+                         if isinstance(leaf, torch.Tensor)]
+        _broadcast_tensors_in_place(state_tensors, root_rank, "optimizer")
         if not is_root:
             optimizer.load_state_dict(optimizer_state)
     if scheduler is not None and not is_root:
@@ -465,57 +464,46 @@ def broadcast_state(
     return header["extra"]
 
 
-def _tensor_skeleton(tree: Any) -> Any:
-    """``tree`` with every tensor replaced by its shape and dtype."""
-    if isinstance(tree, torch.Tensor):
-        return _TensorSpec(tuple(tree.shape), tree.dtype)
+def _map_leaves(tree: Any, function) -> Any:
+    """``tree`` (nested dicts, lists, tuples) with ``function`` applied to every leaf."""
     if isinstance(tree, dict):
-        return {key: _tensor_skeleton(value) for key, value in tree.items()}
+        return {key: _map_leaves(value, function) for key, value in tree.items()}
     if isinstance(tree, list | tuple):
-        return type(tree)(_tensor_skeleton(value) for value in tree)
-    return tree
+        return type(tree)(_map_leaves(value, function) for value in tree)
+    return function(tree)
 
 
-def _materialize(skeleton: Any) -> Any:
-    if isinstance(skeleton, _TensorSpec):
-        return torch.empty(skeleton.shape, dtype=skeleton.dtype)
-    if isinstance(skeleton, dict):
-        return {key: _materialize(value) for key, value in skeleton.items()}
-    if isinstance(skeleton, list | tuple):
-        return type(skeleton)(_materialize(value) for value in skeleton)
-    return skeleton
-
-
-def _tensor_leaves(tree: Any, path: str = "") -> list[tuple[str, torch.Tensor]]:
-    if isinstance(tree, torch.Tensor):
-        return [(path, tree)]
+def _leaves(tree: Any, path: str = "") -> list[tuple[str, Any]]:
+    """(path, leaf) of every leaf of ``tree``, in order."""
     if isinstance(tree, dict):
-        return [leaf for key in tree for leaf in _tensor_leaves(tree[key], f"{path}.{key}")]
+        return [leaf for key in tree for leaf in _leaves(tree[key], f"{path}.{key}")]
     if isinstance(tree, list | tuple):
-        return [leaf for i, value in enumerate(tree)
-                for leaf in _tensor_leaves(value, f"{path}.{i}")]
-    return []
+        return [leaf for i, value in enumerate(tree) for leaf in _leaves(value, f"{path}.{i}")]
+    return [(path.lstrip("."), tree)]
+
+
+def _spec_of(leaf: Any) -> Any:
+    return _TensorSpec(tuple(leaf.shape), leaf.dtype) if isinstance(leaf, torch.Tensor) else leaf
+
+
+def _empty_for(leaf: Any) -> Any:
+    return torch.empty(leaf.shape, dtype=leaf.dtype) if isinstance(leaf, _TensorSpec) else leaf
 
 
 def _broadcast_tensors_in_place(leaves: list[tuple[str, torch.Tensor]], root_rank: int,
                                 prefix: str) -> None:
-    handles = [_hvd.broadcast_async_(tensor, root_rank, name=f"hvdtrain.{prefix}{path}")
+    handles = [_hvd.broadcast_async_(tensor, root_rank, name=f"hvdtrain.{prefix}.{path}")
                for path, tensor in leaves]
     for handle in handles:
         _hvd.synchronize(handle)
 
 
-def _leaf_checksums(tree: Any, path: str) -> list[tuple[str, str]]:
-    """(path, checksum) of every leaf: crc32 of a tensor's bytes, repr of anything else."""
-    if isinstance(tree, torch.Tensor):
-        data = tree.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
-        return [(path, f"{tuple(tree.shape)}:{tree.dtype}:{zlib.crc32(data):08x}")]
-    if isinstance(tree, dict):
-        return [leaf for key in tree for leaf in _leaf_checksums(tree[key], f"{path}.{key}")]
-    if isinstance(tree, list | tuple):
-        return [leaf for i, value in enumerate(tree)
-                for leaf in _leaf_checksums(value, f"{path}.{i}")]
-    return [(path, repr(tree))]
+def _as_array(value: Any) -> np.ndarray:
+    """A tensor's exact bytes as a NumPy array (any dtype, bfloat16 included); other
+    values by their repr, so that differing scalars differ too."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+    return np.frombuffer(repr(value).encode(), dtype=np.uint8)
 
 
 def verify_replicas(model: torch.nn.Module,
@@ -534,25 +522,8 @@ def verify_replicas(model: torch.nn.Module,
                                                 model.named_buffers()))}
     if optimizer is not None:
         tree["optimizer"] = optimizer.state_dict()
-    mine = _leaf_checksums(tree, "")
-    everyone = allgather_object(mine, name="hvdtrain.replica_checksums")
-    reference = everyone[0]
-    differing = [r for r, sums in enumerate(everyone) if sums != reference]
-    if not differing:
-        return
-    first_rank = differing[0]
-    other = everyone[first_rank]
-    for (path, checksum), (other_path, other_checksum) in zip(reference, other, strict=False):
-        if path != other_path or checksum != other_checksum:
-            where = path.lstrip(".") if path == other_path else f"{path} / {other_path}"
-            break
-    else:
-        where = f"a different number of tensors ({len(reference)} on rank 0, {len(other)})"
-    raise ReplicaMismatchError(
-        f"replicas differ: rank(s) {differing} disagree with rank 0; first difference on "
-        f"rank {first_rank}: {where}. Broadcast the state from rank 0 (hvt.broadcast_state) "
-        "and look for rank-dependent code paths that touch the model or optimizer."
-    )
+    mine = checksums((path, _as_array(leaf)) for path, leaf in _leaves(tree))
+    raise_on_mismatch(allgather_object(mine, name="hvdtrain.replica_checksums"))
 
 
 # --------------------------------------------------------------------------- checkpoints
