@@ -1,0 +1,154 @@
+"""Collectives on Keras 3 tensors and variables, through the Horovod of Keras's backend.
+
+Shared by :mod:`hvdtrain.adapters.keras` and :mod:`hvdtrain.adapters.tensorflow`.
+Everything is written with ``keras.ops``, so the same code serves Keras on the
+TensorFlow backend (through ``horovod.tensorflow``, in graph or eager mode) and on the
+torch backend (through ``horovod.torch``). Only one of the two Horovod modules is
+ever imported in a process: both carry a copy of Horovod's core, and initialising
+both crashes under MPI.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Mapping, Sequence
+from types import ModuleType
+from typing import Any
+
+import keras
+import numpy as np
+from keras import ops
+
+from hvdtrain.replicas import checksums, raise_on_mismatch
+
+SUPPORTED_BACKENDS = {"tensorflow": "horovod.tensorflow", "torch": "horovod.torch"}
+COMPRESSIONS = (None, "fp16", "bf16")
+
+
+@functools.cache
+def horovod() -> ModuleType:
+    """``horovod.tensorflow`` or ``horovod.torch``, whichever matches Keras's backend."""
+    backend = keras.backend.backend()
+    if backend not in SUPPORTED_BACKENDS:
+        raise RuntimeError(
+            f"hvdtrain's Keras adapter supports the Keras backends "
+            f"{' and '.join(SUPPORTED_BACKENDS)}, not {backend!r}; set KERAS_BACKEND=tensorflow "
+            "(or torch) before importing keras"
+        )
+    return importlib.import_module(SUPPORTED_BACKENDS[backend])
+
+
+def require_initialized(what: str) -> None:
+    if not horovod().is_initialized():
+        raise RuntimeError(f"{what} needs Horovod: call init() first")
+
+
+def check_compression(compression: str | None) -> None:
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"compression must be None, 'fp16' or 'bf16', got {compression!r}")
+
+
+def check_op(op: Any) -> None:
+    hvd = horovod()
+    if op not in (hvd.Average, hvd.Sum):
+        raise ValueError("op must be Average or Sum (Adasum is not supported for Keras)")
+
+
+def average_gradients(grads: Sequence[Any], compression: str | None, op: Any) -> list[Any]:
+    """Reduce every non-None gradient across workers in one collective.
+
+    None and "fp16" use one Horovod grouped allreduce. "bf16" concatenates the
+    gradients into one buffer, sends it as bfloat16 through one allgather (Horovod
+    0.28.1 has no bfloat16 reduction) and adds the ranks' values in rank order.
+    """
+    present = [i for i, g in enumerate(grads) if g is not None]
+    if not present:
+        return list(grads)
+    tensors = [_dense(grads[i]) for i in present]
+    if compression == "bf16":
+        reduced = _bf16_reduce(tensors, op)
+    else:
+        hvd = horovod()
+        codec = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
+        reduced = hvd.grouped_allreduce(tensors, op=op, compression=codec,
+                                        name="hvdtrain.gradients")
+    result = list(grads)
+    for i, tensor in zip(present, reduced, strict=True):
+        result[i] = tensor
+    return result
+
+
+def _dense(gradient: Any) -> Any:
+    # Embedding layers give tf.IndexedSlices on TensorFlow; the allreduce needs a dense tensor.
+    return ops.convert_to_tensor(gradient)
+
+
+def _bf16_reduce(tensors: list[Any], op: Any) -> list[Any]:
+    hvd = horovod()
+    dtype = tensors[0].dtype
+    flat = ops.concatenate([ops.reshape(ops.cast(t, "float32"), [-1]) for t in tensors])
+    bits = _bitcast(ops.cast(flat, "bfloat16"), "int16")
+    gathered = hvd.allgather(ops.reshape(bits, [1, -1]), name="hvdtrain.gradients.bf16")
+    values = ops.cast(_bitcast(gathered, "bfloat16"), "float32")
+    total = ops.sum(values, axis=0)
+    if op == hvd.Average:
+        total = total / ops.cast(ops.shape(values)[0], "float32")
+    sizes = [int(np.prod(t.shape)) for t in tensors]
+    pieces = ops.split(total, np.cumsum(sizes)[:-1].tolist()) if len(sizes) > 1 else [total]
+    return [ops.cast(ops.reshape(p, t.shape), dtype) for p, t in zip(pieces, tensors, strict=True)]
+
+
+def _bitcast(tensor: Any, dtype: str) -> Any:
+    """Reinterpret 16-bit values (bfloat16 <-> int16) without changing their bits."""
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.bitcast(tensor, getattr(tf, dtype))
+    import torch
+
+    return tensor.view(getattr(torch, dtype))
+
+
+def broadcast_variables(variables: Sequence[Any], root_rank: int = 0) -> None:
+    """Assign ``root_rank``'s value to each variable on every rank, eagerly.
+
+    One Horovod broadcast per dtype: the variables of a dtype are concatenated,
+    broadcast and split back. (``horovod.tensorflow.broadcast_variables`` fails on
+    Keras 3 variables.)
+    """
+    hvd = horovod()
+    by_dtype: dict[str, list[Any]] = {}
+    for variable in variables:
+        by_dtype.setdefault(str(variable.dtype), []).append(variable)
+    for dtype, group in sorted(by_dtype.items()):
+        flat = ops.concatenate([ops.reshape(ops.convert_to_tensor(v), [-1]) for v in group])
+        received = hvd.broadcast(flat, root_rank, name=f"hvdtrain.broadcast.{dtype}")
+        sizes = [int(np.prod(v.shape)) for v in group]
+        pieces = ops.split(received, np.cumsum(sizes)[:-1].tolist()) if len(group) > 1 \
+            else [received]
+        for variable, piece in zip(group, pieces, strict=True):
+            variable.assign(ops.reshape(piece, variable.shape))
+
+
+def verify_variables(named_variables: Sequence[tuple[str, Any]]) -> None:
+    """Raise ReplicaMismatchError on every rank unless all ranks' variables are bit-identical."""
+    mine = checksums((name, ops.convert_to_numpy(v)) for name, v in named_variables)
+    raise_on_mismatch(horovod().allgather_object(mine, name="hvdtrain.replica_checksums"))
+
+
+def average_numbers(values: Mapping[str, float]) -> dict[str, float]:
+    """The mean of each named number over all ranks, identical on every rank.
+
+    Raises ValueError on every rank when the ranks pass different names (for example
+    validation metrics on one rank only, the classic cause of Horovod hangs).
+    """
+    mine = {key: float(value) for key, value in values.items()}
+    everyone = horovod().allgather_object(mine, name="hvdtrain.metrics")
+    keys = sorted(everyone[0])
+    for other_rank, other in enumerate(everyone[1:], start=1):
+        if sorted(other) != keys:
+            raise ValueError(f"metrics {keys} on rank 0 but {sorted(other)} on rank {other_rank}; "
+                             "every rank must report the same metrics (give every rank "
+                             "validation data, or none)")
+    return {key: sum(values[key] for values in everyone) / len(everyone) for key in keys}

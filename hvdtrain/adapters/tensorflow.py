@@ -1,0 +1,188 @@
+"""TensorFlow custom training loops on Horovod: ``import hvdtrain.adapters.tensorflow as hvtf``.
+
+For ``model.fit`` use :mod:`hvdtrain.adapters.keras`; for a loop of your own
+(a ``tf.function`` train step with a ``tf.GradientTape``) use this module:
+
+- :class:`DistributedGradientTape`: ``gradient()`` returns worker-averaged gradients.
+- :func:`broadcast_variables`: every rank takes ``root_rank``'s values.
+- :class:`LinearScalingWarmup`: :mod:`hvdtrain.schedule` as a
+  ``keras.optimizers.schedules.LearningRateSchedule`` for any Keras optimizer.
+- :func:`verify_replicas`, and Horovod's basics re-exported from ``horovod.tensorflow``.
+
+Example (``horovodrun -np 2 python train.py``)::
+
+    import tensorflow as tf, keras
+    import hvdtrain.adapters.tensorflow as hvtf
+
+    hvtf.init()
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10)])
+    optimizer = keras.optimizers.SGD(hvtf.LinearScalingWarmup(
+        0.05, batch_size_per_worker=32, steps_per_epoch=100, base_batch_size=32))
+    hvtf.broadcast_variables(model.variables)
+
+    @tf.function
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = hvtf.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+        return loss
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+if keras.backend.backend() != "tensorflow":
+    raise ImportError(
+        f"hvdtrain.adapters.tensorflow needs Keras's TensorFlow backend, but KERAS_BACKEND is "
+        f"{keras.backend.backend()!r}; for Keras on torch use hvdtrain.adapters.keras"
+    )
+
+from horovod.tensorflow import (
+    Adasum,
+    Average,
+    Compression,
+    Sum,
+    allgather,
+    allgather_object,
+    allreduce,
+    broadcast,
+    broadcast_object,
+    init,
+    is_initialized,
+    join,
+    local_rank,
+    local_size,
+    rank,
+    shutdown,
+    size,
+)
+
+from hvdtrain.adapters import _keras_collectives as collectives
+from hvdtrain.replicas import ReplicaMismatchError
+from hvdtrain.schedule import (
+    DEFAULT_BASE_BATCH_SIZE,
+    DEFAULT_GAMMA,
+    DEFAULT_WARMUP_EPOCHS,
+    LinearScalingSchedule,
+)
+
+__all__ = [
+    "Adasum", "Average", "Compression", "DistributedGradientTape", "LinearScalingWarmup",
+    "ReplicaMismatchError", "Sum", "allgather", "allgather_object", "allreduce", "broadcast",
+    "broadcast_object", "broadcast_variables", "init", "is_initialized", "join", "local_rank",
+    "local_size", "rank", "shutdown", "size", "verify_replicas",
+]
+
+
+class DistributedGradientTape:
+    """Wraps a finished ``tf.GradientTape`` so that ``gradient()`` averages across workers.
+
+    All gradients of one ``gradient()`` call go through one grouped allreduce (or, with
+    ``compression="bf16"``, one allgather). Works eagerly and inside ``tf.function``.
+
+    Example::
+
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        tape = hvtf.DistributedGradientTape(tape)
+        grads = tape.gradient(loss, model.trainable_variables)
+    """
+
+    def __init__(self, tape: tf.GradientTape, *, compression: str | None = None,
+                 op: Any = Average) -> None:
+        collectives.check_compression(compression)
+        collectives.check_op(op)
+        if not isinstance(tape, tf.GradientTape):
+            raise TypeError(f"expected a tf.GradientTape, got {type(tape).__name__}")
+        self.tape = tape
+        self.compression = compression
+        self.op = op
+
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
+                 unconnected_gradients: tf.UnconnectedGradients = tf.UnconnectedGradients.NONE
+                 ) -> Any:
+        """``tape.gradient(...)``, with every gradient averaged over all workers."""
+        collectives.require_initialized("DistributedGradientTape.gradient")
+        grads = self.tape.gradient(target, sources, output_gradients, unconnected_gradients)
+        flat = tf.nest.flatten(grads)
+        averaged = collectives.average_gradients(flat, self.compression, self.op)
+        return tf.nest.pack_sequence_as(grads, averaged)
+
+
+def broadcast_variables(variables: Iterable[Any], root_rank: int = 0) -> None:
+    """Give every rank ``root_rank``'s value of each variable (tf.Variable or Keras), eagerly.
+
+    Call it once after building the model (and the optimizer, e.g. with
+    ``optimizer.build(model.trainable_variables)``) and before the first step.
+    """
+    collectives.require_initialized("broadcast_variables")
+    collectives.broadcast_variables(list(variables), root_rank)
+
+
+def verify_replicas(variables: Sequence[Any]) -> None:
+    """Raise ReplicaMismatchError on every rank unless all ranks' variables are bit-identical."""
+    collectives.require_initialized("verify_replicas")
+    collectives.verify_variables([(getattr(v, "path", None) or v.name, v) for v in variables])
+
+
+@keras.saving.register_keras_serializable(package="hvdtrain")
+class LinearScalingWarmup(keras.optimizers.schedules.LearningRateSchedule):
+    """Goyal et al.'s linear scaling rule and warmup as a Keras learning-rate schedule.
+
+    ``schedule(step)`` is :meth:`hvdtrain.schedule.LinearScalingSchedule.lr_at` for
+    optimizer step ``step``: η at step 0, rising by a constant amount per step to kη
+    after ``warmup_epochs``, then kη times ``gamma`` at each milestone epoch, with
+    k = batch_size_per_worker x world_size x backward_passes_per_step / base_batch_size.
+    Give it to any Keras optimizer as its ``learning_rate``; works in ``fit`` and in
+    custom loops. It computes the rate with hvdtrain.schedule itself (through
+    ``tf.numpy_function``), so it is exactly the documented schedule.
+
+    It does no momentum correction (the optimizer reads the rate each step); with
+    Keras's SGD and momentum use :class:`hvdtrain.adapters.keras.LinearScalingWarmup`
+    in ``fit`` for that.
+    """
+
+    def __init__(
+        self,
+        base_lr: float,
+        *,
+        batch_size_per_worker: int,
+        steps_per_epoch: int,
+        base_batch_size: int = DEFAULT_BASE_BATCH_SIZE,
+        warmup_epochs: float = DEFAULT_WARMUP_EPOCHS,
+        milestones: Iterable[int] = (),
+        gamma: float = DEFAULT_GAMMA,
+        backward_passes_per_step: int = 1,
+        world_size: int | None = None,
+    ) -> None:
+        if world_size is None:
+            collectives.require_initialized("LinearScalingWarmup (world_size=None means size())")
+            world_size = size()
+        self.schedule = LinearScalingSchedule(
+            base_lr=base_lr, batch_size_per_worker=batch_size_per_worker, workers=world_size,
+            steps_per_epoch=steps_per_epoch, base_batch_size=base_batch_size,
+            warmup_epochs=warmup_epochs, milestones=tuple(milestones), gamma=gamma,
+            backward_passes_per_step=backward_passes_per_step,
+        )
+
+    def __call__(self, step: Any) -> tf.Tensor:
+        def lr_at(value: np.ndarray) -> np.ndarray:
+            return np.asarray(self.schedule.lr_at(int(value)), dtype=np.float64)
+
+        rate = tf.numpy_function(lr_at, [tf.cast(step, tf.int64)], tf.float64, stateful=False)
+        rate.set_shape([])
+        return tf.cast(rate, keras.config.floatx())
+
+    def get_config(self) -> dict[str, Any]:
+        s = self.schedule
+        return dict(base_lr=s.base_lr, batch_size_per_worker=s.batch_size_per_worker,
+                    steps_per_epoch=s.steps_per_epoch, base_batch_size=s.base_batch_size,
+                    warmup_epochs=s.warmup_epochs, milestones=list(s.milestones), gamma=s.gamma,
+                    backward_passes_per_step=s.backward_passes_per_step, world_size=s.workers)
