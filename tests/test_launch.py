@@ -3,7 +3,7 @@
 import time
 
 import pytest
-from conftest import launch, reports
+from harness import launch, reports
 
 from hvdtrain.launch import LaunchError, run_workers
 

@@ -347,7 +347,8 @@ class ReplicaCheck(keras.callbacks.Callback):
 
 
 def verify_replicas(model: keras.Model) -> None:
-    """Check that every rank holds bit-identical weights and optimizer variables.
+    """Check that every rank holds bit-identical weights and optimizer variables
+    (except gradient accumulators, which hold each worker's own micro-batch gradients).
 
     Raises:
         ReplicaMismatchError: on every rank, naming the ranks and the first variable
@@ -355,6 +356,9 @@ def verify_replicas(model: keras.Model) -> None:
     """
     collectives.require_initialized("verify_replicas")
     named = [(v.path, v) for v in model.variables]
-    if getattr(model, "optimizer", None) is not None and model.optimizer.built:
-        named += [(f"optimizer/{v.path}", v) for v in model.optimizer.variables]
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and optimizer.built:
+        # Gradient accumulators hold each worker's own micro-batch gradients: they differ.
+        local = {id(v) for v in getattr(optimizer, "_accumulated_gradients", None) or []}
+        named += [(f"optimizer/{v.path}", v) for v in optimizer.variables if id(v) not in local]
     collectives.verify_variables(named)

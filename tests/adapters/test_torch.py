@@ -6,7 +6,6 @@ these tests read its reports and saved tensors.
 
 import pytest
 import torch
-from conftest import WORKERS, reports
 from workers.torch_common import (
     STEPS,
     global_rows,
@@ -17,7 +16,6 @@ from workers.torch_common import (
     schedule,
 )
 
-from hvdtrain.launch import CONTROLLERS, run_workers
 from hvdtrain.schedule import LinearScalingSchedule
 
 FLOAT64_TOLERANCE = 1e-10
@@ -25,29 +23,13 @@ FLOAT64_TOLERANCE = 1e-10
 FP16_UNIT, BF16_UNIT = 2.0**-11, 2.0**-8
 
 
-class Run:
-    def __init__(self, result, out_dir):
-        self.result, self.out_dir = result, out_dir
-        self.by_scenario: dict[str, dict[int, dict]] = {}
-        for entry in reports(result):
-            self.by_scenario.setdefault(entry["scenario"], {})[entry["rank"]] = entry
-
-    def report(self, scenario, rank=0):
-        return self.by_scenario[scenario][rank]
-
-    def both(self, scenario):
-        return self.by_scenario[scenario][0], self.by_scenario[scenario][1]
-
-    def tensors(self, name, rank=0):
-        return torch.load(self.out_dir / f"{name}-rank{rank}.pt")
+@pytest.fixture
+def run(torch_run):
+    return torch_run
 
 
-@pytest.fixture(scope="module", params=CONTROLLERS)
-def run(request, tmp_path_factory):
-    out_dir = tmp_path_factory.mktemp(f"torch-{request.param}")
-    result = run_workers(WORKERS / "torch_adapter.py", [str(out_dir)], np=2,
-                         controller=request.param, timeout=240).check()
-    return Run(result, out_dir)
+def tensors(run, name, rank=0):
+    return torch.load(run.out_dir / f"{name}-rank{rank}.pt")
 
 
 def max_difference(a, b):
@@ -61,7 +43,7 @@ def max_difference(a, b):
 def test_two_workers_equal_one_process_on_the_concatenated_batch(run, name, kind, passes):
     reference = reference_run(kind, passes=passes)
     for rank in (0, 1):
-        assert max_difference(run.tensors(name, rank), reference) <= FLOAT64_TOLERANCE
+        assert max_difference(tensors(run, name, rank), reference) <= FLOAT64_TOLERANCE
 
 
 @pytest.mark.parametrize("name", ["sgd", "adam", "sgd_accumulate", "sgd_fp16", "sgd_bf16"])
@@ -88,10 +70,10 @@ def test_compression_stays_within_its_rounding(run, name, unit):
     from the uncompressed float32 run by about u times the distance they travelled.
     We allow 2u, covering the second rounding and the feedback of perturbed weights
     into later gradients; measured here: 0.78u (fp16) and 0.47u (bf16)."""
-    exact = run.tensors("sgd_float32")
+    exact = tensors(run, "sgd_float32")
     initial = dict(make_model(dtype=torch.float32).named_parameters())
     travelled = max_difference(exact, {k: v.detach() for k, v in initial.items()})
-    difference = max_difference(run.tensors(name), exact)
+    difference = max_difference(tensors(run, name), exact)
     assert 0 < difference <= 2 * unit * travelled
 
 
@@ -169,7 +151,7 @@ def test_grad_scaler_steps_like_plain_averaging(run):
         loss_fn(model, x[global_rows(step, 1)], y[global_rows(step, 1)]).backward()
         optimizer.step()
     expected = {name: p.detach() for name, p in model.named_parameters()}
-    assert max_difference(run.tensors("grad_scaler"), expected) <= 1e-6
+    assert max_difference(tensors(run, "grad_scaler"), expected) <= 1e-6
     rank0, rank1 = run.both("grad_scaler")
     assert rank0["checksum"] == rank1["checksum"]
 

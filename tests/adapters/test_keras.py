@@ -1,0 +1,122 @@
+"""hvdtrain.adapters.keras on 2 real ranks (Gloo and MPI) against one plain-Keras process.
+
+One launch per controller runs tests/workers/keras_adapter.py (TensorFlow backend),
+and one per controller runs its fit scenarios on Keras's torch backend.
+"""
+
+import keras
+import numpy as np
+import pytest
+from harness import max_difference
+from workers.keras_common import EPOCHS, STEPS_PER_EPOCH, make_model, reference_fit, schedule
+
+import hvdtrain.adapters.keras as hvk
+
+FLOAT64_TOLERANCE = 1e-10
+FP16_UNIT, BF16_UNIT = 2.0**-11, 2.0**-8
+FIT_CASES = [("sgd", "sgd", 1), ("adam", "adam", 1), ("sgd_accumulate", "sgd", 2)]
+
+
+@pytest.mark.parametrize(("name", "kind", "passes"), FIT_CASES)
+def test_fit_on_two_workers_equals_one_process(keras_run, name, kind, passes):
+    reference = reference_fit(kind, passes)
+    for rank in (0, 1):
+        assert max_difference(keras_run.arrays(name, rank), reference) <= FLOAT64_TOLERANCE
+
+
+@pytest.mark.parametrize(("name", "kind", "passes"), FIT_CASES)
+def test_fit_on_the_torch_backend_equals_one_process(keras_torch_run, name, kind, passes):
+    """Keras's torch backend computes every loss in float32 even with floatx float64
+    (checked: each loss returns a torch.float32 tensor), so its gradients carry float32
+    rounding (~1e-7 relative), which Adam's division by sqrt(v) amplifies for small
+    entries (measured: 6e-8 for SGD, 1.4e-6 for Adam after 20 steps). We allow 1e-5
+    against the float64 reference; gradients that were not averaged would be off by ~1e-2."""
+    reference = reference_fit(kind, passes)
+    for rank in (0, 1):
+        assert max_difference(keras_torch_run.arrays(name, rank), reference) <= 1e-5
+    assert keras_torch_run.both(name)[0]["epoch_sums"] == keras_torch_run.both(name)[1][
+        "epoch_sums"]
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam", "sgd_accumulate", "sgd_bf16"])
+def test_replicas_identical_before_the_first_step_and_after_every_epoch(keras_run, name):
+    rank0, rank1 = keras_run.both(name)
+    assert rank0["first"] == rank1["first"]  # they were built from different seeds
+    assert rank0["epoch_sums"] == rank1["epoch_sums"]
+    assert len(set(rank0["epoch_sums"])) == EPOCHS
+
+
+@pytest.mark.parametrize(("name", "kind", "passes"), FIT_CASES)
+def test_learning_rate_of_every_batch_is_the_schedule(keras_run, name, kind, passes):
+    plan = schedule(kind, passes)
+    batches = STEPS_PER_EPOCH * passes
+    expected = [plan.lr_at((epoch * batches + batch) // passes)
+                for epoch in range(EPOCHS) for batch in range(batches)]
+    assert keras_run.both(name)[0]["lrs"] == expected
+
+
+def test_momentum_correction_rescales_the_velocity(keras_run):
+    report = keras_run.both("sgd")[0]
+    factor = report["lr_after"] / report["lr_before"]
+    assert factor > 1  # the 4th batch is inside the warmup
+    for before, after in zip(report["velocity_before"], report["velocity_after"], strict=True):
+        np.testing.assert_allclose(after, np.asarray(before) * factor, rtol=1e-15, atol=0)
+        assert np.any(np.asarray(before) != 0)
+
+
+def test_metric_average_is_the_mean_of_the_ranks(keras_run):
+    rank0, rank1 = keras_run.both("sgd")
+    for epoch in range(EPOCHS):
+        raw0, raw1 = rank0["raw_logs"][epoch], rank1["raw_logs"][epoch]
+        assert raw0["loss"] != raw1["loss"]  # the shards differ
+        for report in (rank0, rank1):
+            assert report["averaged_logs"][epoch]["loss"] == pytest.approx(
+                (raw0["loss"] + raw1["loss"]) / 2, rel=1e-15)
+
+
+@pytest.mark.parametrize(("name", "unit"), [("sgd_fp16", FP16_UNIT), ("sgd_bf16", BF16_UNIT)])
+def test_compression_stays_within_its_rounding(keras_run, name, unit):
+    """As for PyTorch: one rounding of each gradient to the wire format (unit roundoff
+    u) perturbs the linear SGD update by about u of the distance travelled; 2u allows
+    the fp16 sum's own rounding and feedback through later gradients (measured here:
+    0.61u for fp16, 0.41u for bf16)."""
+    exact = keras_run.arrays("sgd_float32")
+    keras.config.set_floatx("float32")
+    travelled = max_difference(exact, make_model().get_weights())
+    difference = max_difference(keras_run.arrays(name), exact)
+    assert 0 < difference <= 2 * unit * travelled
+
+
+def test_saved_model_loads_plain_and_distributed(keras_run):
+    for report in keras_run.both("save_load"):
+        assert report["plain_is_base"] and report["loaded_is_subclass"]
+        assert report["iterations"] == STEPS_PER_EPOCH
+    rank0, rank1 = keras_run.both("save_load")
+    assert rank0["after"] == rank1["after"]
+
+
+def test_replica_check_and_metric_keys_name_what_differs(keras_run):
+    for report in keras_run.both("replica_check"):
+        assert "rank(s) [1]" in report["message"] and "bias" in report["message"]
+        assert "['loss'] on rank 0 but ['loss', 'val_loss'] on rank 1" in report["key_error"]
+
+
+@pytest.mark.parametrize(("arguments", "message"), [
+    ({"compression": "int8"}, "compression must be None, 'fp16' or 'bf16'"),
+    ({"backward_passes_per_step": 0}, "backward_passes_per_step must be an int >= 1"),
+    ({"op": hvk.Sum + 100}, "op must be Average or Sum"),
+])
+def test_distributed_optimizer_rejects_bad_arguments(arguments, message):
+    with pytest.raises(ValueError, match=message):
+        hvk.DistributedOptimizer(keras.optimizers.SGD(0.1), **arguments)
+
+
+def test_distributed_optimizer_refuses_a_used_optimizer_and_keeps_the_config():
+    optimizer = keras.optimizers.SGD(0.1, momentum=0.8, nesterov=True, clipnorm=1.0)
+    wrapped = hvk.DistributedOptimizer(optimizer, backward_passes_per_step=3)
+    assert isinstance(wrapped, keras.optimizers.SGD)
+    config = wrapped.get_config()
+    assert config == {**optimizer.get_config(), "gradient_accumulation_steps": 3}
+    optimizer.build([keras.Variable(np.zeros(2))])
+    with pytest.raises(ValueError, match="already been used"):
+        hvk.DistributedOptimizer(optimizer)

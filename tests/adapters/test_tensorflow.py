@@ -1,0 +1,58 @@
+"""hvdtrain.adapters.tensorflow: a tf.function custom loop on 2 ranks against one process."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from harness import max_difference
+from workers.keras_common import EPOCHS, STEPS_PER_EPOCH, reference_custom_loop, schedule
+
+import hvdtrain.adapters.tensorflow as hvtf
+from hvdtrain.schedule import LinearScalingSchedule
+
+
+def test_custom_loop_on_two_workers_equals_one_process(keras_run):
+    reference = reference_custom_loop()
+    for rank in (0, 1):
+        assert max_difference(keras_run.arrays("custom_loop", rank), reference) <= 1e-10
+    rank0, rank1 = keras_run.both("custom_loop")
+    assert rank0["first"] == rank1["first"] and rank0["after"] == rank1["after"]
+
+
+def test_custom_loop_learning_rate_is_the_schedule(keras_run):
+    plan = schedule("sgd")
+    expected = [plan.lr_at(step) for step in range(EPOCHS * STEPS_PER_EPOCH)]
+    assert keras_run.both("custom_loop")[0]["lrs"] == expected
+
+
+def test_schedule_object_is_hvdtrain_schedule_and_serializes():
+    arguments = dict(batch_size_per_worker=32, steps_per_epoch=10, base_batch_size=64,
+                     warmup_epochs=3, milestones=[5, 8], gamma=0.5, world_size=8)
+    keras.config.set_floatx("float64")
+    rate = hvtf.LinearScalingWarmup(0.1, **arguments)
+    plan = LinearScalingSchedule(base_lr=0.1, batch_size_per_worker=32, workers=8,
+                                 steps_per_epoch=10, base_batch_size=64, warmup_epochs=3,
+                                 milestones=(5, 8), gamma=0.5)
+    steps = range(0, 100)
+    assert [float(rate(tf.constant(s))) for s in steps] == [plan.lr_at(s) for s in steps]
+    graph_rate = tf.function(lambda s: rate(s))
+    assert float(graph_rate(tf.constant(37, tf.int64))) == plan.lr_at(37)
+    copy = keras.optimizers.schedules.deserialize(keras.optimizers.schedules.serialize(rate))
+    assert copy.get_config() == rate.get_config()
+    assert float(copy(tf.constant(12))) == plan.lr_at(12)
+
+
+def test_schedule_rejects_bad_input_and_needs_a_world_size():
+    with pytest.raises(ValueError, match="steps_per_epoch must be an int > 0"):
+        hvtf.LinearScalingWarmup(0.1, batch_size_per_worker=32, steps_per_epoch=0, world_size=2)
+    with pytest.raises(RuntimeError, match="call init"):
+        hvtf.LinearScalingWarmup(0.1, batch_size_per_worker=32, steps_per_epoch=5)
+
+
+def test_gradient_tape_rejects_bad_arguments():
+    with tf.GradientTape() as tape:
+        pass
+    with pytest.raises(ValueError, match="compression"):
+        hvtf.DistributedGradientTape(tape, compression="fp8")
+    with pytest.raises(TypeError, match=r"tf\.GradientTape"):
+        hvtf.DistributedGradientTape(np.zeros(1))

@@ -1,0 +1,190 @@
+"""Runs on each of 2 ranks: the checks of hvdtrain.adapters.keras (and, on the TensorFlow
+backend, hvdtrain.adapters.tensorflow) in one launch.
+
+``python keras_adapter.py OUTDIR``. Each scenario prints ``REPORT {json}`` lines and
+saves weights as OUTDIR/<name>-rank<r>.npz; tests/adapters/test_keras.py and
+test_tensorflow.py compare them with one plain-Keras process. Run with
+KERAS_BACKEND=torch it runs the backend-independent fit scenarios only.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+from keras_common import (
+    BATCH_PER_WORKER,
+    EPOCHS,
+    STEPS_PER_EPOCH,
+    WARMUP_EPOCHS,
+    loss,
+    make_data,
+    make_model,
+    make_optimizer,
+    shard,
+)
+
+import hvdtrain.adapters.keras as hvk
+from hvdtrain.replicas import checksums
+
+OUT = Path(sys.argv[1])
+TENSORFLOW = keras.backend.backend() == "tensorflow"
+
+
+def report(scenario: str, **values) -> None:
+    print("REPORT " + json.dumps({"scenario": scenario, "rank": hvk.rank(), **values}),
+          flush=True)
+
+
+def weights_checksum(model: keras.Model) -> str:
+    return str(checksums((str(i), w) for i, w in enumerate(model.get_weights())))
+
+
+def save(name: str, model: keras.Model) -> None:
+    np.savez(OUT / f"{name}-rank{hvk.rank()}.npz", *model.get_weights())
+
+
+class Recorder(keras.callbacks.Callback):
+    """Records what the callbacks before it left behind."""
+
+    def __init__(self):
+        super().__init__()
+        self.lrs, self.epoch_sums, self.logs, self.first, self.velocity = [], [], [], None, {}
+
+    def on_train_batch_begin(self, batch, logs=None):
+        optimizer = self.model.optimizer
+        self.lrs.append(float(keras.ops.convert_to_numpy(optimizer.learning_rate)))
+        if self.first is None:
+            self.first = weights_checksum(self.model)
+        if len(self.lrs) == 4 and getattr(optimizer, "momentums", None):
+            self.velocity = [keras.ops.convert_to_numpy(v).tolist() for v in optimizer.momentums]
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epoch_sums.append(weights_checksum(self.model))
+        self.logs.append(dict(logs))
+
+
+def fit(name: str, kind: str, passes: int = 1, compression=None, floatx="float64") -> None:
+    keras.config.set_floatx(floatx)
+    x, y = shard(*make_data(passes), hvk.rank())
+    model = make_model(seed=123 if hvk.rank() == 0 else 999)  # different until broadcast
+    optimizer = hvk.DistributedOptimizer(make_optimizer(kind), compression=compression,
+                                         backward_passes_per_step=passes)
+    model.compile(optimizer=optimizer, loss=loss(), jit_compile=False)
+    before, raw, after = Recorder(), Recorder(), Recorder()
+    model.fit(
+        x, y, batch_size=BATCH_PER_WORKER, epochs=EPOCHS, shuffle=False, verbose=0,
+        callbacks=[
+            hvk.BroadcastInitialState(), before,
+            hvk.LinearScalingWarmup(batch_size_per_worker=BATCH_PER_WORKER,
+                                    base_batch_size=BATCH_PER_WORKER,
+                                    warmup_epochs=WARMUP_EPOCHS),
+            raw, hvk.MetricAverage(), after, hvk.ReplicaCheck(),
+        ],
+    )
+    report(name, lrs=after.lrs, first=after.first, epoch_sums=after.epoch_sums,
+           raw_logs=raw.logs, averaged_logs=after.logs,
+           lr_before=before.lrs[3], lr_after=after.lrs[3],
+           velocity_before=before.velocity, velocity_after=after.velocity)
+    save(name, model)
+
+
+def scenario_save_and_load() -> None:
+    keras.config.set_floatx("float64")
+    x, y = shard(*make_data(), hvk.rank())
+    model = make_model()
+    model.compile(optimizer=hvk.DistributedOptimizer(make_optimizer("sgd")), loss=loss(),
+                  jit_compile=False)
+    model.fit(x, y, batch_size=BATCH_PER_WORKER, epochs=1, shuffle=False, verbose=0,
+              callbacks=[hvk.BroadcastInitialState()])
+    path = OUT / "model.keras"
+    if hvk.rank() == 0:
+        model.save(path)
+    hvk.verify_replicas(model)  # also a barrier: rank 0 has written the file
+    plain = keras.saving.load_model(path)
+    loaded = hvk.load_model(path)
+    iterations = int(keras.ops.convert_to_numpy(loaded.optimizer.iterations))
+    loaded.fit(x, y, batch_size=BATCH_PER_WORKER, epochs=1, shuffle=False, verbose=0,
+               callbacks=[hvk.BroadcastInitialState(), hvk.ReplicaCheck()])
+    report("save_load", plain_class=type(plain.optimizer).__name__,
+           plain_is_base=type(plain.optimizer) is keras.optimizers.SGD,
+           loaded_class=type(loaded.optimizer).__name__,
+           loaded_is_subclass=isinstance(loaded.optimizer, keras.optimizers.SGD)
+           and type(loaded.optimizer) is not keras.optimizers.SGD,
+           iterations=iterations, after=weights_checksum(loaded))
+
+
+def scenario_replica_check_and_metrics() -> None:
+    keras.config.set_floatx("float64")
+    model = make_model()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss(), jit_compile=False)
+    hvk.verify_replicas(model)
+    if hvk.rank() == 1:
+        model.layers[1].bias.assign(model.layers[1].bias + 1e-12)
+    try:
+        hvk.verify_replicas(model)
+        message = None
+    except hvk.ReplicaMismatchError as error:
+        message = str(error)
+    try:
+        hvk.MetricAverage().on_epoch_end(0, {"loss": 1.0} if hvk.rank() == 0
+                                         else {"loss": 1.0, "val_loss": 2.0})
+        key_error = None
+    except ValueError as error:
+        key_error = str(error)
+    report("replica_check", message=message, key_error=key_error)
+
+
+def scenario_custom_loop() -> None:
+    import tensorflow as tf
+
+    import hvdtrain.adapters.tensorflow as hvtf
+
+    keras.config.set_floatx("float64")
+    x, y = shard(*make_data(), hvk.rank())
+    model = make_model(seed=123 if hvtf.rank() == 0 else 999)
+    optimizer = keras.optimizers.SGD(
+        hvtf.LinearScalingWarmup(0.05, batch_size_per_worker=BATCH_PER_WORKER,
+                                 steps_per_epoch=STEPS_PER_EPOCH,
+                                 base_batch_size=BATCH_PER_WORKER, warmup_epochs=WARMUP_EPOCHS),
+        momentum=0.9)
+    optimizer.build(model.trainable_variables)
+    hvtf.broadcast_variables(model.variables + optimizer.variables)
+    first = weights_checksum(model)
+
+    @tf.function
+    def train_step(xb, yb):
+        with tf.GradientTape() as tape:
+            value = loss()(yb, model(xb, training=True))
+        grads = hvtf.DistributedGradientTape(tape).gradient(value, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+
+    lrs = []
+    for step in range(EPOCHS * STEPS_PER_EPOCH):
+        lrs.append(float(optimizer.learning_rate.numpy()))
+        batch = step % STEPS_PER_EPOCH
+        rows = slice(batch * BATCH_PER_WORKER, (batch + 1) * BATCH_PER_WORKER)
+        train_step(tf.constant(x[rows]), tf.constant(y[rows]))
+    hvtf.verify_replicas(model.variables + optimizer.variables)
+    report("custom_loop", first=first, lrs=lrs, after=weights_checksum(model))
+    save("custom_loop", model)
+
+
+def main() -> None:
+    hvk.init()
+    fit("sgd", "sgd")
+    fit("adam", "adam")
+    fit("sgd_accumulate", "sgd", passes=2)
+    if TENSORFLOW:
+        fit("sgd_float32", "sgd", floatx="float32")
+        fit("sgd_fp16", "sgd", compression="fp16", floatx="float32")
+        fit("sgd_bf16", "sgd", compression="bf16", floatx="float32")
+        scenario_save_and_load()
+        scenario_replica_check_and_metrics()
+        scenario_custom_loop()
+    hvk.shutdown()
+
+
+if __name__ == "__main__":
+    main()

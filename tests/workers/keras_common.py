@@ -1,0 +1,113 @@
+"""What the Keras/TensorFlow workers and their tests build alike: data, model, references.
+
+The workers train on 2 ranks through hvdtrain; the tests repeat the training in one
+plain-Keras process on the concatenated batch with the same learning-rate sequence,
+the independent computation the distributed run must equal.
+"""
+
+import keras
+import numpy as np
+
+from hvdtrain.schedule import LinearScalingSchedule
+
+FEATURES, HIDDEN, CLASSES = 6, 5, 3
+BATCH_PER_WORKER = 4
+WORKERS = 2
+STEPS_PER_EPOCH = 5
+EPOCHS = 4
+WARMUP_EPOCHS = 2
+ETA = {"sgd": 0.05, "adam": 0.01}
+
+
+def make_data(passes: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """One epoch: STEPS_PER_EPOCH steps of the global batch (x passes)."""
+    rng = np.random.RandomState(7)
+    rows = STEPS_PER_EPOCH * BATCH_PER_WORKER * WORKERS * passes
+    return rng.randn(rows, FEATURES), rng.randint(0, CLASSES, rows)
+
+
+def shard(x: np.ndarray, y: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rank ``rank``'s rows: its block of every (micro-)batch, in order."""
+    blocks = x.reshape(-1, WORKERS, BATCH_PER_WORKER, FEATURES)[:, rank]
+    labels = y.reshape(-1, WORKERS, BATCH_PER_WORKER)[:, rank]
+    return blocks.reshape(-1, FEATURES), labels.reshape(-1)
+
+
+def make_model(seed: int = 123) -> keras.Model:
+    """Weights drawn with NumPy, so every Keras backend starts from the same values."""
+    model = keras.Sequential([keras.Input((FEATURES,)),
+                              keras.layers.Dense(HIDDEN, activation="tanh"),
+                              keras.layers.Dense(CLASSES)])
+    rng = np.random.RandomState(seed)
+    model.set_weights([rng.uniform(-0.5, 0.5, w.shape) for w in model.get_weights()])
+    return model
+
+
+def make_optimizer(kind: str) -> keras.optimizers.Optimizer:
+    if kind == "sgd":
+        return keras.optimizers.SGD(ETA["sgd"], momentum=0.9)
+    return keras.optimizers.Adam(ETA["adam"], weight_decay=0.01)
+
+
+def loss() -> keras.losses.Loss:
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def schedule(kind: str, passes: int = 1) -> LinearScalingSchedule:
+    """Base batch = one worker's batch, so k = 2 x passes."""
+    return LinearScalingSchedule(
+        base_lr=ETA[kind], batch_size_per_worker=BATCH_PER_WORKER, workers=WORKERS,
+        steps_per_epoch=STEPS_PER_EPOCH, base_batch_size=BATCH_PER_WORKER,
+        warmup_epochs=WARMUP_EPOCHS, backward_passes_per_step=passes,
+    )
+
+
+class _ReferenceRate(keras.callbacks.Callback):
+    """The reference's own LR setter: rate from the schedule, Goyal's velocity rescale."""
+
+    def __init__(self, plan: LinearScalingSchedule, correct_momentum: bool):
+        super().__init__()
+        self.plan, self.correct_momentum, self.step = plan, correct_momentum, 0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        optimizer = self.model.optimizer
+        old = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+        new = self.plan.lr_at(self.step)
+        optimizer.learning_rate = new
+        if self.correct_momentum and optimizer.built and new != old:
+            for velocity in optimizer.momentums:
+                velocity.assign(velocity * (new / old))
+        self.step += 1
+
+
+def reference_fit(kind: str, passes: int = 1) -> list[np.ndarray]:
+    """One process fitting the concatenated data with the global batch."""
+    keras.config.set_floatx("float64")
+    x, y = make_data(passes)
+    model = make_model()
+    model.compile(optimizer=make_optimizer(kind), loss=loss(), jit_compile=False)
+    model.fit(x, y, batch_size=BATCH_PER_WORKER * WORKERS * passes, epochs=EPOCHS,
+              shuffle=False, verbose=0,
+              callbacks=[_ReferenceRate(schedule(kind, passes), correct_momentum=kind == "sgd")])
+    return model.get_weights()
+
+
+def reference_custom_loop(steps: int = EPOCHS * STEPS_PER_EPOCH) -> list[np.ndarray]:
+    """One process, plain SGD with momentum, rate set to the schedule each step."""
+    import tensorflow as tf
+
+    keras.config.set_floatx("float64")
+    x, y = make_data()
+    model = make_model()
+    optimizer = make_optimizer("sgd")
+    plan = schedule("sgd")
+    batch = BATCH_PER_WORKER * WORKERS
+    for step in range(steps):
+        optimizer.learning_rate = plan.lr_at(step)
+        rows = slice(step % STEPS_PER_EPOCH * batch, (step % STEPS_PER_EPOCH + 1) * batch)
+        xb, yb = keras.ops.convert_to_tensor(x[rows]), y[rows]
+        with tf.GradientTape() as tape:
+            value = loss()(yb, model(xb, training=True))
+        grads = tape.gradient(value, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+    return model.get_weights()
