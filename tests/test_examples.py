@@ -43,8 +43,39 @@ def test_torch_train_resume_matches_an_uninterrupted_run(tmp_path):
     assert resumed == straight
 
 
-def test_seed_example_prints_the_textbook_step_on_every_rank(controller):
+def test_torch_seed_example_prints_the_textbook_step_on_every_rank(controller):
     result = run_workers(EXAMPLES / "seed_allreduce_torch.py", controller=controller,
                          timeout=120).check()
     for rank in result.ranks:
         assert rank.output.splitlines()[-3:] == SEED_LINES
+
+
+def test_tensorflow_seed_example_prints_it_for_the_tape_and_the_keras_optimizer(controller):
+    result = run_workers(EXAMPLES / "seed_allreduce_tf.py", controller=controller,
+                         timeout=120).check()
+    for rank in result.ranks:
+        lines = rank.output.splitlines()
+        for header in ("# through hvdtrain.adapters.tensorflow.DistributedGradientTape",
+                       "# through hvdtrain.adapters.keras.DistributedOptimizer"):
+            start = lines.index(header) + 1
+            assert lines[start:start + 3] == SEED_LINES, header
+
+
+def test_keras_train_learns_with_averaged_metrics_on_rank_0_only():
+    result = run_workers(EXAMPLES / "keras_train.py", ["--epochs", "8"], timeout=180).check()
+    epochs = re.findall(r"accuracy: ([\d.]+) - loss: ([\d.]+) - val_accuracy: ([\d.]+)",
+                        result.ranks[0].output)
+    assert len(epochs) == 8
+    assert float(epochs[-1][1]) < float(epochs[0][1]) / 3
+    assert float(epochs[-1][2]) >= 0.9
+    assert "val_accuracy" not in result.ranks[1].output
+
+
+def test_tf_custom_loop_learns_with_identical_replicas():
+    result = run_workers(EXAMPLES / "tf_custom_loop.py", ["--epochs", "8"], controller="mpi",
+                         timeout=180).check()
+    epochs = re.findall(r"train loss ([\d.]+)\s+val accuracy ([\d.]+)  \(replicas identical\)",
+                        result.ranks[0].output)
+    assert len(epochs) == 8
+    assert float(epochs[-1][0]) < float(epochs[0][0]) / 3
+    assert float(epochs[-1][1]) >= 0.9
