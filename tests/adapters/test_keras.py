@@ -95,6 +95,15 @@ def test_saved_model_loads_plain_and_distributed(keras_run):
     assert rank0["after"] == rank1["after"]
 
 
+def test_resuming_from_a_saved_model_with_initial_epoch_continues_exactly(keras_run):
+    straight_lrs = keras_run.both("sgd")[0]["lrs"]
+    half = EPOCHS // 2 * STEPS_PER_EPOCH
+    assert keras_run.both("resume")[0]["lrs"] == straight_lrs[half:]
+    for rank in (0, 1):
+        assert max_difference(keras_run.arrays("resume", rank),
+                              keras_run.arrays("sgd", rank)) <= 1e-12
+
+
 def test_replica_check_and_metric_keys_name_what_differs(keras_run):
     for report in keras_run.both("replica_check"):
         assert "rank(s) [1]" in report["message"] and "bias" in report["message"]

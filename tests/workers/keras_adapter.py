@@ -16,6 +16,7 @@ import numpy as np
 from keras_common import (
     BATCH_PER_WORKER,
     EPOCHS,
+    ETA,
     STEPS_PER_EPOCH,
     WARMUP_EPOCHS,
     loss,
@@ -115,6 +116,32 @@ def scenario_save_and_load() -> None:
            iterations=iterations, after=weights_checksum(loaded))
 
 
+def scenario_resume() -> None:
+    """Fit 2 epochs, save, load in a new model object and fit on from initial_epoch=2."""
+    keras.config.set_floatx("float64")
+    x, y = shard(*make_data(), hvk.rank())
+    model = make_model()
+    model.compile(optimizer=hvk.DistributedOptimizer(make_optimizer("sgd")), loss=loss(),
+                  jit_compile=False)
+    warmup = dict(batch_size_per_worker=BATCH_PER_WORKER, base_batch_size=BATCH_PER_WORKER,
+                  warmup_epochs=WARMUP_EPOCHS)
+    model.fit(x, y, batch_size=BATCH_PER_WORKER, epochs=2, shuffle=False, verbose=0,
+              callbacks=[hvk.BroadcastInitialState(), hvk.LinearScalingWarmup(**warmup)])
+    path = OUT / "resume.keras"
+    if hvk.rank() == 0:
+        model.save(path)
+    hvk.verify_replicas(model)  # also a barrier: rank 0 has written the file
+    resumed = hvk.load_model(path)
+    recorder = Recorder()
+    resumed.fit(x, y, batch_size=BATCH_PER_WORKER, initial_epoch=2, epochs=EPOCHS,
+                shuffle=False, verbose=0,
+                callbacks=[hvk.BroadcastInitialState(),
+                           hvk.LinearScalingWarmup(base_lr=ETA["sgd"], **warmup),
+                           recorder, hvk.ReplicaCheck()])
+    report("resume", lrs=recorder.lrs)
+    save("resume", resumed)
+
+
 def scenario_replica_check_and_metrics() -> None:
     keras.config.set_floatx("float64")
     model = make_model()
@@ -181,6 +208,7 @@ def main() -> None:
         fit("sgd_fp16", "sgd", compression="fp16", floatx="float32")
         fit("sgd_bf16", "sgd", compression="bf16", floatx="float32")
         scenario_save_and_load()
+        scenario_resume()
         scenario_replica_check_and_metrics()
         scenario_custom_loop()
     hvk.shutdown()
