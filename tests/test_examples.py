@@ -1,9 +1,14 @@
 """The examples a user copies, run as the README runs them: horovodrun -np 2."""
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
-from hvdtrain.launch import run_workers
+import pytest
+
+from hvdtrain.launch import CONTROLLERS, run_workers
 
 EXAMPLES = Path(__file__).parents[1] / "examples"
 EPOCH_LINE = re.compile(r"^epoch\s+(\d+)/(\d+)\s+lr ([\d.]+)\s+train loss ([\d.]+)\s+"
@@ -43,22 +48,38 @@ def test_torch_train_resume_matches_an_uninterrupted_run(tmp_path):
     assert resumed == straight
 
 
-def test_torch_seed_example_prints_the_textbook_step_on_every_rank(controller):
-    result = run_workers(EXAMPLES / "seed_allreduce_torch.py", controller=controller,
-                         timeout=120).check()
-    for rank in result.ranks:
-        assert rank.output.splitlines()[-3:] == SEED_LINES
+# script -> (controllers it runs under, times it prints the step: once per code path)
+SEED_EXAMPLES = {
+    "seed_allreduce_numpy.py": (("mpi",), 1),
+    "seed_allreduce_torch.py": (CONTROLLERS, 1),
+    "seed_allreduce_tf.py": (CONTROLLERS, 2),  # DistributedGradientTape, Keras optimizer
+}
 
 
-def test_tensorflow_seed_example_prints_it_for_the_tape_and_the_keras_optimizer(controller):
-    result = run_workers(EXAMPLES / "seed_allreduce_tf.py", controller=controller,
-                         timeout=120).check()
+def seed_blocks(output: str) -> int:
+    lines = output.splitlines()
+    return sum(lines[i:i + 3] == SEED_LINES for i in range(len(lines)))
+
+
+@pytest.mark.parametrize(("script", "controller"), [
+    (script, controller) for script, (controllers, _) in SEED_EXAMPLES.items()
+    for controller in controllers
+])
+def test_every_seed_example_prints_the_textbook_step_on_every_rank(script, controller):
+    result = run_workers(EXAMPLES / script, controller=controller, timeout=120).check()
     for rank in result.ranks:
-        lines = rank.output.splitlines()
-        for header in ("# through hvdtrain.adapters.tensorflow.DistributedGradientTape",
-                       "# through hvdtrain.adapters.keras.DistributedOptimizer"):
-            start = lines.index(header) + 1
-            assert lines[start:start + 3] == SEED_LINES, header
+        assert seed_blocks(rank.output) == SEED_EXAMPLES[script][1], rank.output
+
+
+def test_numpy_seed_example_under_plain_mpirun():
+    done = subprocess.run(
+        ["mpirun", "-np", "2", sys.executable, str(EXAMPLES / "seed_allreduce_numpy.py")],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"},
+    )
+    assert done.returncode == 0, done.stderr
+    for line in SEED_LINES:
+        assert done.stdout.count(line) == 2  # once per rank
 
 
 def test_keras_train_learns_with_averaged_metrics_on_rank_0_only():

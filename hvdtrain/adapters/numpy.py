@@ -1,0 +1,277 @@
+"""Data-parallel training on NumPy arrays over MPI: ``import hvdtrain.adapters.numpy as hvn``.
+
+For models written on plain arrays (hand-written NumPy, JAX on the CPU, anything
+that hands out NumPy arrays). Collectives go through mpi4py's buffer-protocol calls
+(``Allreduce``, ``Bcast``: no pickling of the data), so launch with an MPI launcher:
+``horovodrun --mpi -np 2 python train.py`` or ``mpirun -np 2 python train.py``.
+Under ``horovodrun --gloo`` the processes share no MPI world, and :func:`init` says so
+instead of letting each process train alone. Run without a launcher, it is one worker.
+
+Example::
+
+    import numpy as np
+    import hvdtrain.adapters.numpy as hvn
+
+    hvn.init()
+    weights = [np.zeros((64, 10)), np.zeros(10)]
+    hvn.broadcast_in_place(weights)                 # every rank starts as rank 0
+    optimizer = hvn.DistributedSGD(weights, lr=0.05, momentum=0.9)
+    scheduler = hvn.LinearScalingWarmup(optimizer, batch_size_per_worker=32,
+                                        steps_per_epoch=100)
+    for x, y in my_shard_batches():
+        optimizer.step(gradients(weights, x, y))    # averaged over workers, applied in place
+        scheduler.step()
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from hvdtrain.replicas import ReplicaMismatchError, checksums, raise_on_mismatch
+from hvdtrain.schedule import (
+    DEFAULT_BASE_BATCH_SIZE,
+    DEFAULT_GAMMA,
+    DEFAULT_WARMUP_EPOCHS,
+    LinearScalingSchedule,
+)
+
+__all__ = [
+    "DistributedSGD", "LinearScalingWarmup", "ReplicaMismatchError", "allreduce_mean", "broadcast",
+    "broadcast_in_place", "init", "rank", "size", "verify_replicas",
+]
+
+_communicator: MPI.Comm | None = None
+
+
+def init(comm: MPI.Comm | None = None) -> None:
+    """Start using ``comm`` (default: every process of the MPI job) for all collectives.
+
+    Pass a sub-communicator (``MPI.COMM_WORLD.Split(...)``) to train several
+    independent data-parallel groups in one job.
+
+    Raises:
+        RuntimeError: when launched by ``horovodrun --gloo`` (or any launcher that
+            starts processes outside one MPI world), saying how to launch instead.
+    """
+    global _communicator
+    launched = int(os.environ.get("HOROVOD_SIZE", "1"))
+    world = MPI.COMM_WORLD.Get_size()
+    if comm is None and launched > 1 and world != launched:
+        raise RuntimeError(
+            f"the launcher started {launched} processes, but MPI sees a world of {world}: "
+            "this looks like `horovodrun --gloo`, whose processes share no MPI world. "
+            "hvdtrain.adapters.numpy needs MPI: run `horovodrun --mpi -np N ...` or "
+            "`mpirun -np N ...`"
+        )
+    _communicator = comm if comm is not None else MPI.COMM_WORLD
+
+
+def _comm() -> MPI.Comm:
+    if _communicator is None:
+        raise RuntimeError("call hvn.init() first")
+    return _communicator
+
+
+def rank() -> int:
+    """This process's rank in the communicator given to :func:`init`."""
+    return _comm().Get_rank()
+
+
+def size() -> int:
+    """The number of workers in the communicator given to :func:`init`."""
+    return _comm().Get_size()
+
+
+def _contiguous(array: Any, what: str) -> np.ndarray:
+    """A C-contiguous array with the same values (a copy only when needed)."""
+    data = np.asarray(array)
+    if data.dtype == object:
+        raise TypeError(f"{what} needs a numeric array, got dtype=object")
+    return np.ascontiguousarray(data)
+
+
+def _check_same_everywhere(data: np.ndarray, what: str) -> None:
+    """Raise on every rank unless every rank passes the same shape and dtype."""
+    mine = (data.shape, data.dtype.str)
+    everyone = _comm().allgather(mine)
+    for other_rank, theirs in enumerate(everyone):
+        if theirs != everyone[0]:
+            raise ValueError(
+                f"{what}: rank 0 passes shape {everyone[0][0]} dtype {everyone[0][1]} but rank "
+                f"{other_rank} passes shape {theirs[0]} dtype {theirs[1]}; every rank must pass "
+                "arrays of the same shape and dtype"
+            )
+
+
+def allreduce_mean(array: Any) -> np.ndarray:
+    """The element-wise mean of ``array`` over all workers, as a new array, on every rank.
+
+    Floating arrays keep their dtype; integer and boolean arrays are summed exactly
+    (in int64) and the mean is float64. Non-contiguous input is copied first. Every
+    rank must pass the same shape and dtype (a mismatch raises ValueError on every rank).
+    """
+    data = _contiguous(array, "allreduce_mean")
+    _check_same_everywhere(data, "allreduce_mean")
+    if not np.issubdtype(data.dtype, np.floating):
+        data = data.astype(np.int64)
+    total = np.empty_like(data)
+    _comm().Allreduce(data, total, op=MPI.SUM)
+    if np.issubdtype(total.dtype, np.floating):
+        total /= size()
+        return total
+    return total / size()
+
+
+def broadcast(array: Any, root_rank: int = 0) -> np.ndarray:
+    """``root_rank``'s array, as a new array, on every rank (other ranks may pass None)."""
+    comm = _comm()
+    data = _contiguous(array, "broadcast") if comm.Get_rank() == root_rank else None
+    shape, dtype = comm.bcast((data.shape, data.dtype.str) if data is not None else None,
+                              root=root_rank)
+    if data is None:
+        data = np.empty(shape, dtype=np.dtype(dtype))
+    comm.Bcast(data, root=root_rank)
+    return data
+
+
+def broadcast_in_place(arrays: Iterable[np.ndarray], root_rank: int = 0) -> None:
+    """Overwrite each (writeable) array with ``root_rank``'s values, on every rank."""
+    for array in arrays:
+        if not isinstance(array, np.ndarray) or not array.flags.writeable:
+            raise TypeError("broadcast_in_place needs writeable NumPy arrays")
+        array[...] = broadcast(array, root_rank).reshape(array.shape)
+
+
+def _check_same_parameters(params: Sequence[np.ndarray]) -> None:
+    """Raise on every rank unless every rank has the same parameter shapes and dtypes."""
+    everyone = _comm().allgather([(p.shape, p.dtype.str) for p in params])
+    reference = everyone[0]
+    for other_rank, theirs in enumerate(everyone[1:], start=1):
+        if len(theirs) != len(reference):
+            raise ValueError(f"rank 0 has {len(reference)} parameters but rank {other_rank} "
+                             f"has {len(theirs)}; every rank must build the same model")
+        for i, (mine, other) in enumerate(zip(reference, theirs, strict=True)):
+            if mine != other:
+                raise ValueError(
+                    f"params[{i}] has shape {mine[0]} dtype {mine[1]} on rank 0 but shape "
+                    f"{other[0]} dtype {other[1]} on rank {other_rank}; every rank must build "
+                    "the same model")
+
+
+class DistributedSGD:
+    """SGD (with optional momentum) whose ``step`` applies worker-averaged gradients in place.
+
+    All gradients of a step are averaged in one fused ``Allreduce``. The update is
+    PyTorch's form, v = momentum·v + g; p -= lr·v, so changing ``lr`` needs no momentum
+    correction. At construction the ranks' parameter shapes and dtypes are compared.
+
+    Example::
+
+        optimizer = hvn.DistributedSGD([w, b], lr=0.1, momentum=0.9)
+        optimizer.step([grad_w, grad_b])
+    """
+
+    def __init__(self, params: Sequence[np.ndarray], lr: float, momentum: float = 0.0) -> None:
+        self.params = list(params)
+        for i, p in enumerate(self.params):
+            if not isinstance(p, np.ndarray) or not np.issubdtype(p.dtype, np.floating) \
+                    or not p.flags.writeable:
+                raise TypeError(f"params[{i}] must be a writeable floating-point NumPy array")
+        if not lr > 0:
+            raise ValueError(f"lr must be > 0, got {lr!r}")
+        if not 0 <= momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
+        self.lr = float(lr)
+        self.momentum = float(momentum)
+        self.velocity = [np.zeros_like(p) for p in self.params]
+        self._wire_dtype = np.result_type(*self.params) if self.params else np.float64
+        _check_same_parameters(self.params)
+
+    def step(self, grads: Sequence[np.ndarray]) -> None:
+        """Average ``grads`` (one per parameter, same shapes) over workers and apply them."""
+        if len(grads) != len(self.params):
+            raise ValueError(f"step got {len(grads)} gradients for {len(self.params)} parameters")
+        for i, (g, p) in enumerate(zip(grads, self.params, strict=True)):
+            if np.shape(g) != p.shape:
+                raise ValueError(f"grads[{i}] has shape {np.shape(g)}, its parameter {p.shape}")
+        for p, v, g in zip(self.params, self.velocity, self._averaged(grads), strict=True):
+            if self.momentum:
+                v *= self.momentum
+                v += g
+                g = v
+            p -= self.lr * g
+
+    def _averaged(self, grads: Sequence[np.ndarray]) -> list[np.ndarray]:
+        flat = np.concatenate([np.asarray(g, dtype=self._wire_dtype).reshape(-1) for g in grads])
+        total = np.empty_like(flat)
+        _comm().Allreduce(flat, total, op=MPI.SUM)
+        total /= size()
+        pieces = np.split(total, np.cumsum([p.size for p in self.params])[:-1])
+        return [piece.reshape(p.shape).astype(p.dtype, copy=False)
+                for piece, p in zip(pieces, self.params, strict=True)]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Learning rate, momentum and velocity buffers (copies), for checkpoints."""
+        return {"lr": self.lr, "momentum": self.momentum,
+                "velocity": [v.copy() for v in self.velocity]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.lr, self.momentum = float(state["lr"]), float(state["momentum"])
+        for v, saved in zip(self.velocity, state["velocity"], strict=True):
+            v[...] = saved
+
+
+class LinearScalingWarmup:
+    """Goyal et al.'s linear scaling rule and warmup for :class:`DistributedSGD`.
+
+    Call ``step()`` once per optimizer step; it sets ``optimizer.lr`` from
+    :class:`hvdtrain.schedule.LinearScalingSchedule`, whose η is ``optimizer.lr`` when
+    the scheduler is made. ``state_dict``/``load_state_dict`` resume exactly.
+    """
+
+    def __init__(
+        self,
+        optimizer: DistributedSGD,
+        *,
+        batch_size_per_worker: int,
+        steps_per_epoch: int,
+        base_batch_size: int = DEFAULT_BASE_BATCH_SIZE,
+        warmup_epochs: float = DEFAULT_WARMUP_EPOCHS,
+        milestones: Iterable[int] = (),
+        gamma: float = DEFAULT_GAMMA,
+        backward_passes_per_step: int = 1,
+        world_size: int | None = None,
+    ) -> None:
+        self.optimizer = optimizer
+        self.schedule = LinearScalingSchedule(
+            base_lr=optimizer.lr, batch_size_per_worker=batch_size_per_worker,
+            workers=size() if world_size is None else world_size,
+            steps_per_epoch=steps_per_epoch, base_batch_size=base_batch_size,
+            warmup_epochs=warmup_epochs, milestones=tuple(milestones), gamma=gamma,
+            backward_passes_per_step=backward_passes_per_step,
+        )
+        self.steps_done = 0
+        optimizer.lr = self.schedule.lr_at(0)
+
+    def step(self) -> None:
+        """Advance one optimizer step and set the rate for the next one."""
+        self.steps_done += 1
+        self.optimizer.lr = self.schedule.lr_at(self.steps_done)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps_done": self.steps_done}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps_done = int(state["steps_done"])
+        self.optimizer.lr = self.schedule.lr_at(self.steps_done)
+
+
+def verify_replicas(arrays: Sequence[np.ndarray]) -> None:
+    """Raise ReplicaMismatchError on every rank unless every rank's arrays are bit-identical."""
+    mine = checksums((f"array[{i}]", np.asarray(a)) for i, a in enumerate(arrays))
+    raise_on_mismatch(_comm().allgather(mine))
