@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import runpy
 import sys
-import traceback
 from pathlib import Path
 
 # Gloo runs set HOROVOD_RANK; Open MPI sets OMPI_COMM_WORLD_RANK; other MPIs PMI_RANK.
@@ -48,7 +47,7 @@ def _run_script(script: str, args: list[str]) -> int:
         print(code, file=sys.stderr)
         return 1
     except BaseException:
-        traceback.print_exc()
+        sys.excepthook(*sys.exc_info())  # as if uncaught: hvdtrain's rank report runs too
         return 1
     return 0
 

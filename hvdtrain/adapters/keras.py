@@ -44,6 +44,7 @@ from keras import ops
 
 from hvdtrain.adapters import _keras_collectives as collectives
 from hvdtrain.replicas import ReplicaMismatchError
+from hvdtrain.runtime import init_horovod
 from hvdtrain.schedule import (
     DEFAULT_BASE_BATCH_SIZE,
     DEFAULT_GAMMA,
@@ -58,7 +59,6 @@ __all__ = [
 ]
 
 _hvd = collectives.horovod()
-init = _hvd.init
 shutdown = _hvd.shutdown
 is_initialized = _hvd.is_initialized
 rank = _hvd.rank
@@ -67,6 +67,14 @@ local_rank = _hvd.local_rank
 local_size = _hvd.local_size
 Average = _hvd.Average
 Sum = _hvd.Sum
+
+
+
+
+def init(comm=None, process_sets=None) -> None:
+    """Horovod's ``init`` (of the Horovod matching Keras's backend) with hvdtrain's runtime
+    defaults (see :mod:`hvdtrain.runtime`); ``comm`` may be an mpi4py communicator."""
+    init_horovod(_hvd, comm, process_sets)
 
 
 # --------------------------------------------------------------------------- optimizer

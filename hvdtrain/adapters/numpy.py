@@ -33,6 +33,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hvdtrain.replicas import ReplicaMismatchError, checksums, raise_on_mismatch
+from hvdtrain.runtime import announce_single_worker
 from hvdtrain.schedule import (
     DEFAULT_BASE_BATCH_SIZE,
     DEFAULT_GAMMA,
@@ -69,6 +70,7 @@ def init(comm: MPI.Comm | None = None) -> None:
             "`mpirun -np N ...`"
         )
     _communicator = comm if comm is not None else MPI.COMM_WORLD
+    announce_single_worker()
 
 
 def _comm() -> MPI.Comm:

@@ -54,7 +54,6 @@ from horovod.tensorflow import (
     allreduce,
     broadcast,
     broadcast_object,
-    init,
     is_initialized,
     join,
     local_rank,
@@ -66,6 +65,7 @@ from horovod.tensorflow import (
 
 from hvdtrain.adapters import _keras_collectives as collectives
 from hvdtrain.replicas import ReplicaMismatchError
+from hvdtrain.runtime import init_horovod
 from hvdtrain.schedule import (
     DEFAULT_BASE_BATCH_SIZE,
     DEFAULT_GAMMA,
@@ -79,6 +79,12 @@ __all__ = [
     "broadcast_object", "broadcast_variables", "init", "is_initialized", "join", "local_rank",
     "local_size", "rank", "shutdown", "size", "verify_replicas",
 ]
+
+
+def init(comm=None, process_sets=None) -> None:
+    """Horovod's ``init`` with hvdtrain's runtime defaults (see :mod:`hvdtrain.runtime`);
+    ``comm`` may be an mpi4py communicator."""
+    init_horovod(collectives.horovod(), comm, process_sets)
 
 
 class DistributedGradientTape:

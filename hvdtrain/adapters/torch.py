@@ -53,7 +53,6 @@ from horovod.torch import (
     allreduce,
     broadcast,
     broadcast_object,
-    init,
     is_initialized,
     join,
     local_rank,
@@ -68,7 +67,9 @@ from horovod.torch import (
 from horovod.torch.optimizer import _DistributedOptimizer as _HorovodOptimizer
 
 from hvdtrain.checkpoint import atomic_write
+from hvdtrain.consistency import RankDisagreementError, raise_on_disagreement, software_versions
 from hvdtrain.replicas import ReplicaMismatchError, checksums, raise_on_mismatch
+from hvdtrain.runtime import init_horovod
 from hvdtrain.schedule import (
     DEFAULT_BASE_BATCH_SIZE,
     DEFAULT_GAMMA,
@@ -82,7 +83,9 @@ __all__ = [
     "Compression",
     "DistributedOptimizer",
     "LinearScalingWarmup",
+    "NonFiniteGradientError",
     "ParameterMismatchError",
+    "RankDisagreementError",
     "ReplicaMismatchError",
     "Sum",
     "allgather",
@@ -92,7 +95,6 @@ __all__ = [
     "broadcast",
     "broadcast_object",
     "broadcast_state",
-    "check_parameters_match",
     "distributed_sampler",
     "init",
     "is_initialized",
@@ -111,8 +113,22 @@ CHECKPOINT_FORMAT = "hvdtrain.torch/1"
 _COMPRESSIONS = {None: Compression.none, "fp16": Compression.fp16, "bf16": Compression.none}
 
 
-class ParameterMismatchError(ValueError):
+class ParameterMismatchError(RankDisagreementError):
     """The ranks' models differ (names, shapes or dtypes), so their gradients cannot be averaged."""
+
+
+class NonFiniteGradientError(FloatingPointError):
+    """The worker-averaged gradient holds a NaN or Inf (and ``skip_nonfinite`` is off)."""
+
+
+def init(comm=None, process_sets=None) -> None:
+    """Horovod's ``init`` with hvdtrain's runtime defaults (:mod:`hvdtrain.runtime`: a
+    stalled collective is reported, then the job shut down, instead of hanging).
+
+    ``comm`` may be an mpi4py communicator, to train several groups in one MPI job.
+    Without a launcher it prints a one-line notice and runs as a single worker.
+    """
+    init_horovod(_hvd, comm, process_sets)
 
 
 def _require_initialized(what: str) -> None:
@@ -151,25 +167,41 @@ class _Extras:
         """
         if self._should_synchronize and not self._synchronized:
             self.synchronize()
-        if self.skip_nonfinite and not self._gradients_finite_on_all_ranks():
+        step, self.steps_taken = self.steps_taken, self.steps_taken + 1
+        nonfinite = self._first_nonfinite_gradient()
+        if self.skip_nonfinite and _on_any_rank(nonfinite is not None):
             self.skipped_steps += 1
             self._synchronized = False
             return None
+        if nonfinite is not None:
+            raise NonFiniteGradientError(
+                f"the worker-averaged gradient of {nonfinite!r} holds NaN or Inf at optimizer "
+                f"step {step} (counting from 0); some rank's loss or gradient went non-finite. "
+                "Lower the learning rate, check the data, or pass skip_nonfinite=True to skip "
+                "such steps on every rank."
+            )
         with self.skip_synchronize():
             return _HorovodOptimizer.step(self, closure)
 
-    def _gradients_finite_on_all_ranks(self) -> bool:
-        grads = [p.grad for group in self.param_groups for p in group["params"]
-                 if p.grad is not None]
-        finite = all(bool(torch.isfinite(g).all()) for g in grads)
-        flag = torch.tensor(0.0 if finite else 1.0, dtype=torch.float64)
-        return _hvd.allreduce(flag, op=Sum, name="hvdtrain.nonfinite").item() == 0
+    def _first_nonfinite_gradient(self) -> str | None:
+        """The name of the first parameter whose (averaged) gradient is not finite."""
+        for group in self.param_groups:
+            for parameter in group["params"]:
+                if parameter.grad is not None and not bool(torch.isfinite(parameter.grad).all()):
+                    return self._parameter_names.get(parameter, "<unnamed>")
+        return None
 
     def _allreduce_grad_async(self, parameter):
         if not self._bf16 or parameter.grad is None or parameter.grad.is_sparse:
             return _HorovodOptimizer._allreduce_grad_async(self, parameter)
         return _bf16_allreduce_async(parameter.grad, self._parameter_names.get(parameter),
                                      self.op), None
+
+
+def _on_any_rank(condition: bool) -> bool:
+    """True on every rank when ``condition`` holds on at least one (one scalar allreduce)."""
+    flag = torch.tensor(1.0 if condition else 0.0, dtype=torch.float64)
+    return _hvd.allreduce(flag, op=Sum, name="hvdtrain.any_rank").item() > 0
 
 
 def _bf16_allreduce_async(gradient: torch.Tensor, name: str, op) -> Any:
@@ -250,7 +282,15 @@ def DistributedOptimizer(
                          "not support backward_passes_per_step > 1, skip_nonfinite or bf16")
 
     named = _named_parameters(optimizer, named_parameters)
-    check_parameters_match(named)
+    _check_ranks_agree(named, {
+        "optimizer class": type(optimizer).__name__,
+        "number of param groups": len(optimizer.param_groups),
+        "backward_passes_per_step": backward_passes_per_step,
+        "compression": compression_name,
+        "op": int(op),
+        "skip_nonfinite": skip_nonfinite,
+        **software_versions("torch", "horovod"),
+    })
     if op == Adasum:
         return _hvd.DistributedOptimizer(optimizer, named, compression=_COMPRESSIONS[
             compression_name], op=Adasum)
@@ -261,6 +301,7 @@ def DistributedOptimizer(
     wrapped.defaults = optimizer.defaults  # Horovod rebuilds with the class's defaults
     wrapped.skip_nonfinite = skip_nonfinite
     wrapped.skipped_steps = 0
+    wrapped.steps_taken = 0
     wrapped._bf16 = compression_name == "bf16"
     wrapped.load_state_dict(optimizer.state_dict())  # keep state built before wrapping
     return wrapped
@@ -293,22 +334,23 @@ def _named_parameters(optimizer: torch.optim.Optimizer,
             for j, p in enumerate(group["params"])]
 
 
-def check_parameters_match(named_parameters: Iterable[tuple[str, torch.Tensor]]) -> None:
-    """Raise :class:`ParameterMismatchError` on every rank unless all ranks' parameters
-    have the same names, shapes and dtypes, in the same order.
+def _check_ranks_agree(named_parameters: list[tuple[str, torch.Tensor]],
+                       facts: dict[str, Any]) -> None:
+    """One allgather: every rank's parameter names, shapes and dtypes, and ``facts``.
 
-    :func:`DistributedOptimizer` calls it; call it yourself before any other
-    collective over a model that might differ between ranks.
+    Raises ParameterMismatchError or RankDisagreementError on every rank, naming the
+    rank, the parameter or field, and both values.
     """
-    _require_initialized("check_parameters_match")
     mine = [(name, tuple(p.shape), str(p.dtype)) for name, p in named_parameters]
-    everyone = allgather_object(mine, name="hvdtrain.parameter_specs")
-    problem = _first_parameter_difference(everyone)
+    everyone = allgather_object({"parameters": mine, "facts": facts},
+                                name="hvdtrain.start_agreement")
+    problem = _first_parameter_difference([rank["parameters"] for rank in everyone])
     if problem:
         raise ParameterMismatchError(
             f"the ranks' models differ: {problem}. Every rank must build the same model "
             "(same layers, shapes and dtypes, in the same order) before wrapping its optimizer."
         )
+    raise_on_disagreement([rank["facts"] for rank in everyone], "DistributedOptimizer")
 
 
 def _first_parameter_difference(specs_by_rank: list[list[tuple]]) -> str | None:
@@ -384,6 +426,11 @@ class LinearScalingWarmup(torch.optim.lr_scheduler.LRScheduler):
         if world_size is None:
             _require_initialized("LinearScalingWarmup (world_size=None means Horovod's size)")
             world_size = _hvd.size()
+        elif _hvd.is_initialized() and world_size != _hvd.size():
+            raise ValueError(
+                f"world_size={world_size} contradicts the launcher's {_hvd.size()} workers "
+                "(hvt.size()); leave world_size=None to use the launcher's"
+            )
         self._schedule_arguments = dict(
             batch_size_per_worker=batch_size_per_worker, workers=world_size,
             steps_per_epoch=steps_per_epoch, base_batch_size=base_batch_size,
@@ -392,6 +439,10 @@ class LinearScalingWarmup(torch.optim.lr_scheduler.LRScheduler):
         )
         # Validate now, with a placeholder η, so a bad argument fails here, not at step 0.
         LinearScalingSchedule(base_lr=1.0, **self._schedule_arguments)
+        if _hvd.is_initialized():
+            raise_on_disagreement(
+                allgather_object(self._schedule_arguments, name="hvdtrain.schedule_agreement"),
+                "LinearScalingWarmup")
         super().__init__(optimizer)
 
     def schedule_for(self, base_lr: float) -> LinearScalingSchedule:
