@@ -165,7 +165,7 @@ def _kill_run(process: subprocess.Popen[str], rank_dir: Path) -> None:
         deadline = time.monotonic() + _KILL_GRACE_SECONDS
         while time.monotonic() < deadline and process.poll() is None:
             time.sleep(0.1)
-        if process.poll() is not None and not any(_alive(pid) for pid in rank_pids):
+        if process.poll() is not None and not any(process_alive(pid) for pid in rank_pids):
             return
 
 
@@ -174,7 +174,21 @@ def _signal_quietly(pid: int, sig: signal.Signals) -> None:
         os.kill(pid, sig)
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """True while ``pid`` runs; a zombie (dead, not yet reaped) counts as gone.
+
+    In containers whose first process does not reap orphans, a killed rank can stay a
+    zombie indefinitely; it holds no memory, ports or devices.
+    """
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("State:"):
+                    return line.split()[1] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

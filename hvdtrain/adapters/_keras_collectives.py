@@ -20,6 +20,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from hvdtrain.consistency import raise_on_disagreement
 from hvdtrain.replicas import checksums, raise_on_mismatch
 
 SUPPORTED_BACKENDS = {"tensorflow": "horovod.tensorflow", "torch": "horovod.torch"}
@@ -79,6 +80,29 @@ def average_gradients(grads: Sequence[Any], compression: str | None, op: Any) ->
     return result
 
 
+NONFINITE_MESSAGE = ("hvdtrain: the worker-averaged gradient holds NaN or Inf at optimizer "
+                     "step (counting from 0):")
+
+
+def require_finite(grads: Sequence[Any], step: Any) -> list[Any]:
+    """``grads`` unchanged, after stopping training if any holds a NaN or Inf.
+
+    On TensorFlow this is a graph assertion (``InvalidArgumentError`` naming the step);
+    on torch a ``FloatingPointError``.
+    """
+    present = [g for g in grads if g is not None]
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in present])
+        check = tf.debugging.Assert(finite, [NONFINITE_MESSAGE, step])
+        with tf.control_dependencies([check]):
+            return [None if g is None else tf.identity(g) for g in grads]
+    if not all(bool(ops.all(ops.isfinite(g))) for g in present):
+        raise FloatingPointError(f"{NONFINITE_MESSAGE} {int(step)}")
+    return list(grads)
+
+
 def _dense(gradient: Any) -> Any:
     # Embedding layers give tf.IndexedSlices on TensorFlow; the allreduce needs a dense tensor.
     return ops.convert_to_tensor(gradient)
@@ -129,6 +153,12 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int = 0) -> None:
             else [received]
         for variable, piece in zip(group, pieces, strict=True):
             variable.assign(ops.reshape(piece, variable.shape))
+
+
+def check_ranks_agree(facts: Mapping[str, Any], where: str) -> None:
+    """Raise RankDisagreementError on every rank unless every rank has the same ``facts``."""
+    raise_on_disagreement(horovod().allgather_object(dict(facts), name="hvdtrain.agreement"),
+                          where)
 
 
 def verify_variables(named_variables: Sequence[tuple[str, Any]]) -> None:

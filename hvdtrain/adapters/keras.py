@@ -43,6 +43,7 @@ import keras
 from keras import ops
 
 from hvdtrain.adapters import _keras_collectives as collectives
+from hvdtrain.consistency import RankDisagreementError, software_versions
 from hvdtrain.replicas import ReplicaMismatchError
 from hvdtrain.runtime import init_horovod
 from hvdtrain.schedule import (
@@ -54,8 +55,9 @@ from hvdtrain.schedule import (
 
 __all__ = [
     "Average", "BroadcastInitialState", "DistributedOptimizer", "LinearScalingWarmup",
-    "MetricAverage", "ReplicaCheck", "ReplicaMismatchError", "Sum", "init", "is_initialized",
-    "load_model", "local_rank", "local_size", "rank", "shutdown", "size", "verify_replicas",
+    "MetricAverage", "RankDisagreementError", "ReplicaCheck", "ReplicaMismatchError", "Sum",
+    "init", "is_initialized", "load_model", "local_rank", "local_size", "rank", "shutdown",
+    "size", "verify_replicas",
 ]
 
 _hvd = collectives.horovod()
@@ -92,7 +94,8 @@ def _distributed_class(base: type, compression: str | None, op: Any) -> type:
 
     class Distributed(base):
         def _clip_gradients(self, grads):
-            return super()._clip_gradients(collectives.average_gradients(grads, compression, op))
+            averaged = collectives.average_gradients(grads, compression, op)
+            return super()._clip_gradients(collectives.require_finite(averaged, self.iterations))
 
     Distributed.__name__ = Distributed.__qualname__ = base.__name__
     # Saved models name the wrapped optimizer's class: they load without hvdtrain.
@@ -111,8 +114,10 @@ def DistributedOptimizer(
     """A copy of ``optimizer`` (same class and configuration) that averages gradients.
 
     Every update allreduces the gradients across workers in one grouped allreduce,
-    then clips and applies them as the original would. Use it in ``model.compile``
-    with ``jit_compile=False`` (Horovod's ops have no XLA kernels here).
+    then clips and applies them as the original would. An averaged gradient holding
+    NaN or Inf stops training on every rank with an error naming the optimizer step.
+    Use it in ``model.compile`` with ``jit_compile=False`` (Horovod's ops have no XLA
+    kernels here).
 
     Args:
         optimizer: any Keras 3 optimizer, not yet used (wrap before ``fit``; to
@@ -171,6 +176,16 @@ def load_model(path: str, *, compression: str | None = None, op: Any = None,
 # --------------------------------------------------------------------------- callbacks
 
 
+def _comparable_config(optimizer: keras.optimizers.Optimizer | None) -> dict | None:
+    """The optimizer's configuration without what legitimately differs between ranks."""
+    if optimizer is None:
+        return None
+    config = dict(optimizer.get_config())
+    config.pop("name", None)  # auto-numbered ("SGD_3") by how many were made on each rank
+    config.pop("learning_rate", None)  # set by schedules and callbacks; broadcast anyway
+    return config
+
+
 def _learning_rate(optimizer: keras.optimizers.Optimizer) -> float:
     return float(ops.convert_to_numpy(optimizer.learning_rate))
 
@@ -207,6 +222,12 @@ class BroadcastInitialState(keras.callbacks.Callback):
             if not optimizer.built:
                 optimizer.build(self.model.trainable_variables)
             variables += optimizer.variables
+        collectives.check_ranks_agree({
+            "variables (shape, dtype)": [(tuple(v.shape), str(v.dtype)) for v in variables],
+            "optimizer class": type(optimizer).__name__ if optimizer is not None else None,
+            "optimizer config": _comparable_config(optimizer),
+            **software_versions("keras", "tensorflow", "torch", "horovod"),
+        }, "BroadcastInitialState")
         collectives.broadcast_variables(variables, self.root_rank)
 
 
@@ -285,6 +306,11 @@ class LinearScalingWarmup(keras.callbacks.Callback):
         self._passes = optimizer.gradient_accumulation_steps or 1
         self._batches_per_epoch = batches
         self.schedule = self._make_schedule(self.base_lr, batches, self._passes)
+        collectives.check_ranks_agree(
+            {name: getattr(self.schedule, name) for name in (
+                "base_lr", "batch_size_per_worker", "steps_per_epoch", "base_batch_size",
+                "warmup_epochs", "milestones", "gamma", "backward_passes_per_step")},
+            "LinearScalingWarmup")
 
     def on_epoch_begin(self, epoch: int, logs=None) -> None:
         self._epoch = epoch

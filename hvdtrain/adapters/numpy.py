@@ -25,6 +25,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -32,6 +33,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from hvdtrain.consistency import raise_on_disagreement, software_versions
 from hvdtrain.replicas import ReplicaMismatchError, checksums, raise_on_mismatch
 from hvdtrain.runtime import announce_single_worker
 from hvdtrain.schedule import (
@@ -192,7 +194,12 @@ class DistributedSGD:
         self.momentum = float(momentum)
         self.velocity = [np.zeros_like(p) for p in self.params]
         self._wire_dtype = np.result_type(*self.params) if self.params else np.float64
+        self.steps_taken = 0
         _check_same_parameters(self.params)
+        raise_on_disagreement(
+            _comm().allgather({"lr": self.lr, "momentum": self.momentum,
+                               **software_versions("numpy", "mpi4py")}),
+            "DistributedSGD")
 
     def step(self, grads: Sequence[np.ndarray]) -> None:
         """Average ``grads`` (one per parameter, same shapes) over workers and apply them."""
@@ -201,7 +208,14 @@ class DistributedSGD:
         for i, (g, p) in enumerate(zip(grads, self.params, strict=True)):
             if np.shape(g) != p.shape:
                 raise ValueError(f"grads[{i}] has shape {np.shape(g)}, its parameter {p.shape}")
-        for p, v, g in zip(self.params, self.velocity, self._averaged(grads), strict=True):
+        averaged = self._averaged(grads)
+        step, self.steps_taken = self.steps_taken, self.steps_taken + 1
+        for i, g in enumerate(averaged):
+            if not np.isfinite(g).all():
+                raise FloatingPointError(
+                    f"the worker-averaged gradient of params[{i}] holds NaN or Inf at step "
+                    f"{step} (counting from 0); some rank's gradient went non-finite")
+        for p, v, g in zip(self.params, self.velocity, averaged, strict=True):
             if self.momentum:
                 v *= self.momentum
                 v += g
@@ -249,14 +263,19 @@ class LinearScalingWarmup:
         backward_passes_per_step: int = 1,
         world_size: int | None = None,
     ) -> None:
+        if world_size is not None and world_size != size():
+            raise ValueError(f"world_size={world_size} contradicts the launcher's {size()} "
+                             "workers (hvn.size()); leave world_size=None to use the launcher's")
         self.optimizer = optimizer
         self.schedule = LinearScalingSchedule(
             base_lr=optimizer.lr, batch_size_per_worker=batch_size_per_worker,
-            workers=size() if world_size is None else world_size,
+            workers=size(),
             steps_per_epoch=steps_per_epoch, base_batch_size=base_batch_size,
             warmup_epochs=warmup_epochs, milestones=tuple(milestones), gamma=gamma,
             backward_passes_per_step=backward_passes_per_step,
         )
+        raise_on_disagreement(_comm().allgather(dataclasses.asdict(self.schedule)),
+                              "LinearScalingWarmup")
         self.steps_done = 0
         optimizer.lr = self.schedule.lr_at(0)
 

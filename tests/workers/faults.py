@@ -2,7 +2,7 @@
 
 MODE is one of: exception (rank 1 raises at step 3), sigkill (rank 1 is killed with
 SIGKILL at step 3), skip (rank 1 skips one allreduce at step 3, the classic
-rank-dependent code path), nonfinite (rank 1's loss is NaN at step 3), none.
+rank-dependent code path), nonfinite (rank 1's loss is NaN at step 3).
 Prints ``REPORT {json}`` with what happened on each rank that got to report it.
 """
 
@@ -46,5 +46,9 @@ for step in range(20):
     if faulty and MODE == "nonfinite":
         loss = loss * float("nan")
     loss.backward()
-    optimizer.step()
+    try:
+        optimizer.step()
+    except hvt.NonFiniteGradientError as error:
+        report(event="nonfinite", message=str(error))
+        raise
 report(event="finished")

@@ -1,0 +1,91 @@
+"""Failure behaviour, with faults injected into real 2-rank horovodrun jobs.
+
+Every job must end (no hang), within 60 s, with a non-zero status, a message naming
+the failed rank and what went wrong, and no process left behind.
+"""
+
+import time
+
+import pytest
+from harness import launch, reports
+
+from hvdtrain.launch import process_alive
+from hvdtrain.runtime import RUNTIME_DEFAULTS
+
+DEADLINE_SECONDS = 60
+
+
+def run_fault(mode, controller, **env):
+    started = time.monotonic()
+    result = launch("faults.py", mode, controller=controller, timeout=120, env=env)
+    elapsed = time.monotonic() - started
+    assert not result.timed_out and result.returncode != 0
+    assert elapsed < DEADLINE_SECONDS, f"{mode} under {controller} took {elapsed:.0f} s"
+    pids = [r["pid"] for r in reports(result) if r.get("event") == "started"]
+    assert len(pids) == 2
+    time.sleep(1)  # the launcher reaps its children on its way out
+    assert not [pid for pid in pids if process_alive(pid)], "a rank outlived the job"
+    return result
+
+
+def test_runtime_defaults_reach_the_ranks():
+    result = run_fault("exception", "gloo")
+    for report in reports(result):
+        if report.get("event") == "started":
+            assert report["stall_check"] == RUNTIME_DEFAULTS["HOROVOD_STALL_CHECK_TIME_SECONDS"]
+            assert report["stall_shutdown"] == RUNTIME_DEFAULTS[
+                "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"]
+
+
+def test_an_exception_on_one_rank_ends_the_job_naming_that_rank(controller):
+    result = run_fault("exception", controller)
+    assert result.ranks[1].exit_code == 1
+    assert "hvdtrain: rank 1 failed: ValueError: injected failure on rank 1 at step 3" \
+        in result.ranks[1].output
+    assert "hvdtrain: rank 0 stopped because another rank failed" in result.ranks[0].output
+
+
+def test_a_killed_rank_ends_the_job_naming_that_rank(controller):
+    result = run_fault("sigkill", controller)
+    assert result.ranks[1].exit_code is None  # killed before it could record one
+    if controller == "gloo":
+        assert "Process name: 1" in result.launcher_output
+        assert "Exit code: 137" in result.launcher_output
+    else:
+        assert "process rank 1" in result.launcher_output
+        assert "signal 9" in result.launcher_output
+
+
+def test_a_skipped_collective_is_reported_then_shut_down_under_mpi():
+    result = run_fault("skip", "mpi", HOROVOD_STALL_CHECK_TIME_SECONDS="3",
+                       HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="8")
+    rank0 = result.ranks[0].output
+    assert "Missing ranks:" in rank0
+    assert "1: [allreduce.bias, allreduce.weight]" in rank0
+    assert "stalled for longer than 8 seconds. Will shutdown." in rank0
+
+
+def test_a_nonfinite_gradient_stops_every_rank_naming_the_step(controller):
+    result = run_fault("nonfinite", controller)
+    messages = {r["rank"]: r["message"] for r in reports(result) if r.get("event") == "nonfinite"}
+    assert sorted(messages) == [0, 1]
+    for message in messages.values():
+        assert "NaN or Inf at optimizer step 3" in message
+        assert "skip_nonfinite=True" in message
+
+
+@pytest.mark.parametrize(("check", "details"), [
+    ("optimizer class", ["'SGD' on rank 0", "'Adam' on rank 1"]),
+    ("param groups", ["number of param groups is 1 on rank 0 but 2 on rank 1"]),
+    ("batch size", ["batch_size_per_worker is 32 on rank 0 but 16 on rank 1"]),
+    ("versions", ["hvdtrain is", "'0.0.0-other' on rank 1"]),
+])
+def test_ranks_that_start_differently_are_stopped_before_the_first_step(check, details):
+    by_check = {}
+    for report in reports(launch("disagree.py", controller="gloo", timeout=120).check()):
+        by_check.setdefault(report["check"], {})[report["rank"]] = report["error"]
+    for rank in (0, 1):
+        error = by_check[check][rank]
+        assert error is not None, (check, rank)
+        for detail in details:
+            assert detail in error
