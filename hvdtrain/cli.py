@@ -71,6 +71,10 @@ def print_schedule(args: argparse.Namespace) -> int:
         gamma=args.gamma,
         backward_passes_per_step=args.backward_passes_per_step,
     )
+    if args.warmup_epochs > args.epochs:
+        raise ValueError(f"warmup_epochs ({args.warmup_epochs:g}) is longer than training "
+                         f"(--epochs {args.epochs}): the rate would never reach k*eta; shorten "
+                         "--warmup-epochs or train longer")
     rows = schedule.epoch_table(args.epochs)
     print(f"global batch {schedule.global_batch_size} = {args.batch_size_per_worker} per worker"
           f" x {args.workers} workers x {args.backward_passes_per_step} accumulation steps; "

@@ -40,8 +40,14 @@ def checksums(named_arrays: Mapping[str, np.ndarray] | Iterable[tuple[str, np.nd
     return [(name, array_checksum(np.asarray(array))) for name, array in items]
 
 
-def first_mismatch(by_rank: Sequence[Checksums]) -> str | None:
-    """None when every rank's checksums equal rank 0's, else what differs and where."""
+def first_mismatch(by_rank: Sequence[Checksums],
+                   labels: Mapping[str, str] | None = None) -> str | None:
+    """None when every rank's checksums equal rank 0's, else what differs and where.
+
+    ``labels`` (optional) describes names on this rank, for names that are only
+    positions because the real names may differ between ranks (Keras numbers its
+    layers and optimizers per process).
+    """
     reference = by_rank[0]
     differing = [rank for rank, sums in enumerate(by_rank) if sums != reference]
     if not differing:
@@ -53,7 +59,7 @@ def first_mismatch(by_rank: Sequence[Checksums]) -> str | None:
             where = f"the tensors differ in name or order ({name!r} on rank 0, {other_name!r})"
             break
         if checksum != other_checksum:
-            where = name
+            where = name if name not in (labels or {}) else f"{name} ({labels[name]} here)"
             break
     else:
         where = f"a different number of tensors ({len(reference)} on rank 0, {len(other)})"
@@ -61,9 +67,10 @@ def first_mismatch(by_rank: Sequence[Checksums]) -> str | None:
             f"first difference on rank {first_rank}: {where}")
 
 
-def raise_on_mismatch(by_rank: Sequence[Checksums]) -> None:
+def raise_on_mismatch(by_rank: Sequence[Checksums],
+                      labels: Mapping[str, str] | None = None) -> None:
     """Raise :class:`ReplicaMismatchError` unless all ranks' checksums agree."""
-    problem = first_mismatch(by_rank)
+    problem = first_mismatch(by_rank, labels)
     if problem:
         raise ReplicaMismatchError(
             f"replicas differ: {problem}. Broadcast the initial state from rank 0 and look for "

@@ -48,6 +48,7 @@ def test_schedule_plot_writes_a_png(tmp_path, capsys):
     ("--base-lr", "0", "base_lr must be a finite number > 0"),
     ("--milestones", "7,6", "milestones must be strictly ascending"),
     ("--milestones", "a,b", "comma-separated epochs"),
+    ("--epochs", "3", "is longer than training"),
 ])
 def test_schedule_rejects_bad_input_with_a_reason(flag, value, message, capsys):
     args = list(SCHEDULE_ARGS)

@@ -100,3 +100,16 @@ def test_tf_custom_loop_learns_with_identical_replicas():
     assert len(epochs) == 8
     assert float(epochs[-1][0]) < float(epochs[0][0]) / 3
     assert float(epochs[-1][1]) >= 0.9
+
+
+@pytest.mark.parametrize("script", ["torch_train.py", "keras_train.py", "tf_custom_loop.py"])
+def test_training_examples_run_without_a_launcher_as_one_worker(script, tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / script), "--epochs", "2",
+         *(["--checkpoint", str(tmp_path / "run.pt")] if script == "torch_train.py" else [])],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    notices = [line for line in done.stderr.splitlines() if line.startswith("hvdtrain:")]
+    assert notices == ["hvdtrain: no launcher (horovodrun/mpirun) detected; "
+                       "running as a single worker"]

@@ -4,10 +4,14 @@ Every job must end (no hang), within 60 s, with a non-zero status, a message nam
 the failed rank and what went wrong, and no process left behind.
 """
 
+import json
+import random
+import subprocess
+import sys
 import time
 
 import pytest
-from harness import launch, reports
+from harness import WORKERS, launch, reports
 
 from hvdtrain.launch import process_alive
 from hvdtrain.runtime import RUNTIME_DEFAULTS
@@ -89,3 +93,40 @@ def test_ranks_that_start_differently_are_stopped_before_the_first_step(check, d
         assert error is not None, (check, rank)
         for detail in details:
             assert detail in error
+
+
+def test_sigkill_while_writing_checkpoints_never_loses_the_previous_one(tmp_path):
+    """Rank 0 (here a single worker, no launcher) saves 8 MB checkpoints back to back and
+    is killed at random moments, almost always in the middle of a write."""
+    import torch
+
+    rng = random.Random(2026)
+    for _ in range(8):
+        writer = subprocess.Popen(
+            [sys.executable, str(WORKERS / "checkpoint_single.py"), "loop", str(tmp_path)],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        assert writer.stdout.readline().startswith("saved ")
+        time.sleep(rng.uniform(0.0, 0.4))
+        writer.kill()
+        printed, _ = writer.communicate()
+        last_confirmed = int(([line for line in printed.splitlines() if line] or ["saved 1"])[-1]
+                             .split()[1])
+        payload = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+        step = payload["extra"]["step"]
+        assert step in (last_confirmed, last_confirmed + 1)
+        assert all(bool((t == step).all()) for t in payload["model"].values())
+
+
+def test_bad_checkpoint_files_are_named_with_what_is_wrong(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(WORKERS / "checkpoint_single.py"), "errors", str(tmp_path)],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    errors = json.loads(next(line for line in done.stdout.splitlines()
+                             if line.startswith("REPORT "))[len("REPORT "):])
+    expected = {"empty": "is empty (0 bytes)", "truncated": "is truncated or not a PyTorch file",
+                "foreign": "not an hvdtrain checkpoint",
+                "unsafe": "not unpickled (weights_only=True)", "missing": "does not exist"}
+    for name, what in expected.items():
+        assert str(tmp_path / f"{name}.pt") in errors[name] and what in errors[name], name
+    assert "running as a single worker" in done.stderr  # no launcher: a one-line notice

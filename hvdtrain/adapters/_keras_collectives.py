@@ -24,6 +24,9 @@ from hvdtrain.consistency import raise_on_disagreement
 from hvdtrain.replicas import checksums, raise_on_mismatch
 
 SUPPORTED_BACKENDS = {"tensorflow": "horovod.tensorflow", "torch": "horovod.torch"}
+# Horovod pairs collectives across ranks by name. In TensorFlow graphs the name gets the
+# current name scope, which holds per-process counters ("sgd_3/"): leave it out.
+_UNSCOPED = {"ignore_name_scope": True} if keras.backend.backend() == "tensorflow" else {}
 COMPRESSIONS = (None, "fp16", "bf16")
 
 
@@ -73,7 +76,7 @@ def average_gradients(grads: Sequence[Any], compression: str | None, op: Any) ->
         hvd = horovod()
         codec = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
         reduced = hvd.grouped_allreduce(tensors, op=op, compression=codec,
-                                        name="hvdtrain.gradients")
+                                        name="hvdtrain.gradients", **_UNSCOPED)
     result = list(grads)
     for i, tensor in zip(present, reduced, strict=True):
         result[i] = tensor
@@ -113,7 +116,8 @@ def _bf16_reduce(tensors: list[Any], op: Any) -> list[Any]:
     dtype = tensors[0].dtype
     flat = ops.concatenate([ops.reshape(ops.cast(t, "float32"), [-1]) for t in tensors])
     bits = _bitcast(ops.cast(flat, "bfloat16"), "int16")
-    gathered = hvd.allgather(ops.reshape(bits, [1, -1]), name="hvdtrain.gradients.bf16")
+    gathered = hvd.allgather(ops.reshape(bits, [1, -1]), name="hvdtrain.gradients.bf16",
+                             **_UNSCOPED)
     values = ops.cast(_bitcast(gathered, "bfloat16"), "float32")
     total = ops.sum(values, axis=0)
     if op == hvd.Average:
@@ -147,7 +151,8 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int = 0) -> None:
         by_dtype.setdefault(str(variable.dtype), []).append(variable)
     for dtype, group in sorted(by_dtype.items()):
         flat = ops.concatenate([ops.reshape(ops.convert_to_tensor(v), [-1]) for v in group])
-        received = hvd.broadcast(flat, root_rank, name=f"hvdtrain.broadcast.{dtype}")
+        received = hvd.broadcast(flat, root_rank, name=f"hvdtrain.broadcast.{dtype}",
+                                 **_UNSCOPED)
         sizes = [int(np.prod(v.shape)) for v in group]
         pieces = ops.split(received, np.cumsum(sizes)[:-1].tolist()) if len(group) > 1 \
             else [received]
@@ -162,9 +167,17 @@ def check_ranks_agree(facts: Mapping[str, Any], where: str) -> None:
 
 
 def verify_variables(named_variables: Sequence[tuple[str, Any]]) -> None:
-    """Raise ReplicaMismatchError on every rank unless all ranks' variables are bit-identical."""
-    mine = checksums((name, ops.convert_to_numpy(v)) for name, v in named_variables)
-    raise_on_mismatch(horovod().allgather_object(mine, name="hvdtrain.replica_checksums"))
+    """Raise ReplicaMismatchError on every rank unless all ranks' variables are bit-identical.
+
+    Variables are compared by position: their names carry per-process counters
+    ("sgd_3/momentum") that differ between ranks which built different objects.
+    """
+    keys = [f"variable {i}" for i in range(len(named_variables))]
+    mine = checksums((key, ops.convert_to_numpy(v))
+                     for key, (_, v) in zip(keys, named_variables, strict=True))
+    labels = {key: name for key, (name, _) in zip(keys, named_variables, strict=True)}
+    raise_on_mismatch(horovod().allgather_object(mine, name="hvdtrain.replica_checksums"),
+                      labels)
 
 
 def average_numbers(values: Mapping[str, float]) -> dict[str, float]:

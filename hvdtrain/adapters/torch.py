@@ -35,9 +35,11 @@ Example (run with ``horovodrun -np 2 python train.py``)::
 from __future__ import annotations
 
 import os
+import pickle
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from itertools import chain
+from pathlib import Path
 from typing import Any
 
 import horovod.torch as _hvd
@@ -653,10 +655,7 @@ def load_checkpoint(
     extra: dict[str, Any] = {}
     if _hvd.rank() == 0:
         try:
-            payload = torch.load(path, map_location="cpu", weights_only=True)
-            if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
-                raise ValueError(f"not an hvdtrain PyTorch checkpoint (expected format "
-                                 f"{CHECKPOINT_FORMAT!r})")
+            payload = _read_checkpoint(Path(path))
             model.load_state_dict(payload["model"])
             _load_part(optimizer, payload["optimizer"], "optimizer")
             _load_part(scheduler, payload["scheduler"], "scheduler")
@@ -667,6 +666,26 @@ def load_checkpoint(
     if error:
         raise RuntimeError(f"rank 0 could not load checkpoint {os.fspath(path)}: {error}")
     return broadcast_state(model, optimizer, scheduler, root_rank=0, extra=extra)
+
+
+def _read_checkpoint(path: Path) -> dict[str, Any]:
+    """The checkpoint's contents, or an error saying what is wrong with the file."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist (or is not a file)")
+    if path.stat().st_size == 0:
+        raise ValueError(f"{path} is empty (0 bytes); it was not written by save_checkpoint, "
+                         "whose writes are atomic")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise ValueError(f"{path} holds objects other than tensors and plain data; they are "
+                         f"not unpickled (weights_only=True): {error}") from None
+    except (RuntimeError, EOFError, OSError) as error:
+        raise ValueError(f"{path} is truncated or not a PyTorch file ({error})") from None
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{path} is a PyTorch file but not an hvdtrain checkpoint (it lacks "
+                         f"format {CHECKPOINT_FORMAT!r}); write checkpoints with save_checkpoint")
+    return payload
 
 
 def _load_part(target: Any, state: dict | None, what: str) -> None:

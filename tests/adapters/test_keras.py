@@ -110,6 +110,19 @@ def test_replica_check_and_metric_keys_name_what_differs(keras_run):
         assert "['loss'] on rank 0 but ['loss', 'val_loss'] on rank 1" in report["key_error"]
 
 
+def test_a_nonfinite_gradient_stops_fit_on_every_rank_naming_the_step(keras_run):
+    for report in keras_run.both("failures"):
+        assert "NaN or Inf at optimizer step (counting from 0):" in report["nonfinite"]
+        assert "[1]" in report["nonfinite"]  # the sixth row is in the second batch
+
+
+def test_ranks_that_start_differently_are_stopped_before_the_first_step(keras_run):
+    for report in keras_run.both("failures"):
+        errors = report["disagreements"]
+        assert "optimizer class is 'SGD' on rank 0 but 'Adam' on rank 1" in errors["optimizer"]
+        assert "batch_size_per_worker is 4 on rank 0 but 8 on rank 1" in errors["batch size"]
+
+
 @pytest.mark.parametrize(("arguments", "message"), [
     ({"compression": "int8"}, "compression must be None, 'fp16' or 'bf16'"),
     ({"backward_passes_per_step": 0}, "backward_passes_per_step must be an int >= 1"),

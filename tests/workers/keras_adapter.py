@@ -163,6 +163,37 @@ def scenario_replica_check_and_metrics() -> None:
     report("replica_check", message=message, key_error=key_error)
 
 
+def scenario_failures() -> None:
+    """A NaN on rank 1, and ranks that start with different settings: errors everywhere."""
+    keras.config.set_floatx("float64")
+    x, y = shard(*make_data(), hvk.rank())
+    if hvk.rank() == 1:
+        x = x.copy()
+        x[5] = np.nan
+    model = make_model()
+    model.compile(optimizer=hvk.DistributedOptimizer(make_optimizer("sgd")), loss=loss(),
+                  jit_compile=False)
+    try:
+        model.fit(x, y, batch_size=BATCH_PER_WORKER, epochs=1, shuffle=False, verbose=0)
+        nonfinite = None
+    except Exception as error:  # TensorFlow's InvalidArgumentError from the graph assertion
+        nonfinite = f"{type(error).__name__}: {error}"
+    errors = {}
+    for check, optimizer, batch in (("optimizer", "adam" if hvk.rank() == 1 else "sgd", 4),
+                                    ("batch size", "sgd", 4 if hvk.rank() == 0 else 8)):
+        model = make_model()
+        model.compile(optimizer=hvk.DistributedOptimizer(make_optimizer(optimizer)),
+                      loss=loss(), jit_compile=False)
+        try:
+            model.fit(x[:8], y[:8], batch_size=BATCH_PER_WORKER, epochs=1, verbose=0,
+                      callbacks=[hvk.BroadcastInitialState(),
+                                 hvk.LinearScalingWarmup(batch_size_per_worker=batch)])
+            errors[check] = None
+        except hvk.RankDisagreementError as error:
+            errors[check] = str(error)
+    report("failures", nonfinite=nonfinite, disagreements=errors)
+
+
 def scenario_custom_loop() -> None:
     import tensorflow as tf
 
@@ -210,6 +241,7 @@ def main() -> None:
         scenario_save_and_load()
         scenario_resume()
         scenario_replica_check_and_metrics()
+        scenario_failures()
         scenario_custom_loop()
     hvk.shutdown()
 
