@@ -187,11 +187,15 @@ class _Extras:
 
     def _first_nonfinite_gradient(self) -> str | None:
         """The name of the first parameter whose (averaged) gradient is not finite."""
-        for group in self.param_groups:
-            for parameter in group["params"]:
-                if parameter.grad is not None and not bool(torch.isfinite(parameter.grad).all()):
-                    return self._parameter_names.get(parameter, "<unnamed>")
-        return None
+        parameters = [p for group in self.param_groups for p in group["params"]
+                      if p.grad is not None]
+        if not parameters:
+            return None
+        finite = torch.stack([torch.isfinite(p.grad).all() for p in parameters])
+        if bool(finite.all()):  # one device synchronisation for the common case
+            return None
+        first = parameters[int((~finite).nonzero()[0])]
+        return self._parameter_names.get(first, "<unnamed>")
 
     def _allreduce_grad_async(self, parameter):
         if not self._bf16 or parameter.grad is None or parameter.grad.is_sparse:
