@@ -19,7 +19,7 @@ def test_core_modules_import_without_any_framework():
         import hvdtrain.launch, hvdtrain.cli, hvdtrain.doctor
         assert hvdtrain.cli.main(["schedule", "--base-lr", "0.1", "--batch-size-per-worker",
                                   "32", "--workers", "16", "--steps-per-epoch", "5",
-                                  "--epochs", "2"]) == 0
+                                  "--epochs", "6"]) == 0
         print("imported", hvdtrain.__version__)
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
