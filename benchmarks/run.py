@@ -33,8 +33,8 @@ def machine() -> dict[str, object]:
             **software_versions("torch", "horovod", "tensorflow-cpu", "numpy")}
 
 
-def overhead(controller: str, rounds: int, steps: int, folder: Path) -> dict[str, object]:
-    out = folder / f"overhead-{controller}.json"
+def overhead(controller: str, rounds: int, steps: int) -> dict[str, object]:
+    out = Path(tempfile.mkdtemp(prefix="hvdtrain-bench-")) / f"overhead-{controller}.json"
     run_workers(HERE / "overhead_worker.py", [str(rounds), str(steps), str(out)],
                          controller=controller, timeout=900,
                          env={"OMP_NUM_THREADS": "1"}).check()
@@ -63,7 +63,7 @@ def main() -> int:
         started = time.monotonic()
         print(f"overhead: 2 ranks over {controller}, {rounds} interleaved rounds of {steps} "
               "steps ...", flush=True)
-        entry = overhead(controller, rounds, steps, folder)
+        entry = overhead(controller, rounds, steps)
         report["overhead"].append(entry)
         steps_ms = ", ".join(f"{name} {seconds * 1e3:.2f} ms"
                              for name, seconds in entry["median_step_s"].items())

@@ -9,7 +9,7 @@ Example::
 
     from hvdtrain.launch import run_workers
 
-    result = run_workers("tests/workers/smoke.py", np=2, controller="gloo", timeout=60)
+    result = run_workers("train.py", ["--epochs", "1"], np=2, controller="gloo", timeout=60)
     result.check()                 # raises LaunchError with every rank's output
     print(result.ranks[1].output)
 """
