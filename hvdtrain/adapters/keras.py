@@ -71,8 +71,6 @@ Average = _hvd.Average
 Sum = _hvd.Sum
 
 
-
-
 def init(comm=None, process_sets=None) -> None:
     """Horovod's ``init`` (of the Horovod matching Keras's backend) with hvdtrain's runtime
     defaults (see :mod:`hvdtrain.runtime`); ``comm`` may be an mpi4py communicator."""

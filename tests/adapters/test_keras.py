@@ -142,3 +142,14 @@ def test_distributed_optimizer_refuses_a_used_optimizer_and_keeps_the_config():
     optimizer.build([keras.Variable(np.zeros(2))])
     with pytest.raises(ValueError, match="already been used"):
         hvk.DistributedOptimizer(optimizer)
+
+
+def test_an_unsupported_keras_backend_gets_an_error_naming_the_supported_ones(monkeypatch):
+    """No other Keras backend can be installed here (JAX is absent), so Keras is told it
+    runs on JAX; the adapter's own backend choice is what is under test."""
+    from hvdtrain.adapters import _keras_collectives
+
+    monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
+    with pytest.raises(RuntimeError, match="supports the Keras backends tensorflow and torch, "
+                                           "not 'jax'; set KERAS_BACKEND=tensorflow"):
+        _keras_collectives.horovod.__wrapped__()
