@@ -106,6 +106,17 @@ def require_finite(grads: Sequence[Any], step: Any) -> list[Any]:
     return list(grads)
 
 
+def finite_on_every_rank(grads: Sequence[Any]) -> Any:
+    """A boolean tensor, the same on every rank: no rank sees a NaN or Inf in ``grads``."""
+    present = [g for g in grads if g is not None]
+    bad = ops.cast(ops.logical_not(ops.all(ops.stack([ops.all(ops.isfinite(g))
+                                                       for g in present]))), "float32")
+    hvd = horovod()
+    total = hvd.allreduce(ops.reshape(bad, [1]), op=hvd.Sum, name="hvdtrain.nonfinite",
+                          **_UNSCOPED)
+    return ops.equal(ops.reshape(total, []), 0.0)
+
+
 def _dense(gradient: Any) -> Any:
     # Embedding layers give tf.IndexedSlices on TensorFlow; the allreduce needs a dense tensor.
     return ops.convert_to_tensor(gradient)

@@ -81,19 +81,49 @@ def init(comm=None, process_sets=None) -> None:
 
 
 @functools.cache
-def _distributed_class(base: type, compression: str | None, op: Any) -> type:
+def _distributed_class(base: type, compression: str | None, op: Any,
+                       skip_nonfinite: bool) -> type:
     """A subclass of ``base`` that averages gradients just before clipping and the update.
 
     Keras 3 calls ``_clip_gradients`` once per optimizer update, with the final
     gradients: after unscaling a loss-scale factor and, with gradient accumulation,
     after averaging the micro-batches, so the allreduce runs once per update and
-    clipping sees the worker-averaged gradient.
+    clipping sees the worker-averaged gradient. With ``skip_nonfinite`` the weight
+    decay and the update that follow run only when the averaged gradient is finite on
+    every rank; otherwise ``skipped_steps`` counts the update.
     """
 
     class Distributed(base):
         def _clip_gradients(self, grads):
             averaged = collectives.average_gradients(grads, compression, op)
-            return super()._clip_gradients(collectives.require_finite(averaged, self.iterations))
+            if not skip_nonfinite:
+                averaged = collectives.require_finite(averaged, self.iterations)
+            else:
+                self._hvdtrain_update = collectives.finite_on_every_rank(averaged)
+            return super()._clip_gradients(averaged)
+
+        def _apply_weight_decay(self, variables):
+            parent = super()._apply_weight_decay
+            if not skip_nonfinite:
+                return parent(variables)
+            return ops.cond(self._hvdtrain_update, lambda: parent(variables), lambda: None)
+
+        def _backend_update_step(self, grads, trainable_variables, learning_rate):
+            parent = super()._backend_update_step
+            if not skip_nonfinite:
+                return parent(grads, trainable_variables, learning_rate)
+
+            def skip():
+                self.skipped_steps.assign_add(1)
+
+            return ops.cond(self._hvdtrain_update,
+                            lambda: parent(grads, trainable_variables, learning_rate), skip)
+
+        def build(self, variables):
+            super().build(variables)
+            if skip_nonfinite:
+                self.skipped_steps = self.add_variable((), dtype="int64", name="skipped_steps",
+                                                       initializer="zeros")
 
     Distributed.__name__ = Distributed.__qualname__ = base.__name__
     # Saved models name the wrapped optimizer's class: they load without hvdtrain.
@@ -108,6 +138,7 @@ def DistributedOptimizer(
     compression: str | None = None,
     backward_passes_per_step: int = 1,
     op: Any = None,
+    skip_nonfinite: bool = False,
 ) -> keras.optimizers.Optimizer:
     """A copy of ``optimizer`` (same class and configuration) that averages gradients.
 
@@ -126,6 +157,9 @@ def DistributedOptimizer(
             ``gradient_accumulation_steps``; the applied gradient is the mean over the
             micro-batches and the workers, with one allreduce per update.
         op: ``hvk.Average`` (default) or ``hvk.Sum``.
+        skip_nonfinite: skip, on every rank alike, an update whose averaged gradient has
+            a NaN or Inf (no weight decay, no change to weights or slots) and count it in
+            ``optimizer.skipped_steps``; without it such an update stops training.
 
     Saving with ``model.save`` records the original optimizer class, so the file
     loads with plain ``keras.saving.load_model`` too.
@@ -150,11 +184,12 @@ def DistributedOptimizer(
                 f"the optimizer already has gradient_accumulation_steps={configured}, which "
                 f"contradicts backward_passes_per_step={backward_passes_per_step}; give one")
         config["gradient_accumulation_steps"] = backward_passes_per_step
-    return _distributed_class(type(optimizer), compression, op).from_config(config)
+    return _distributed_class(type(optimizer), compression, op, skip_nonfinite).from_config(
+        config)
 
 
 def load_model(path: str, *, compression: str | None = None, op: Any = None,
-               **load_kwargs: Any) -> keras.Model:
+               skip_nonfinite: bool = False, **load_kwargs: Any) -> keras.Model:
     """Load a model saved with ``model.save`` and make its optimizer distributed.
 
     The optimizer keeps its loaded state (slots, iterations, learning rate);
@@ -167,7 +202,7 @@ def load_model(path: str, *, compression: str | None = None, op: Any = None,
     model = keras.saving.load_model(path, **load_kwargs)
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None:
-        optimizer.__class__ = _distributed_class(type(optimizer), compression, op)
+        optimizer.__class__ = _distributed_class(type(optimizer), compression, op, skip_nonfinite)
     return model
 
 

@@ -116,6 +116,12 @@ def test_a_nonfinite_gradient_stops_fit_on_every_rank_naming_the_step(keras_run)
         assert "[1]" in report["nonfinite"]  # the sixth row is in the second batch
 
 
+def test_skip_nonfinite_skips_the_update_on_every_rank(keras_run):
+    for report in keras_run.both("failures"):
+        assert report["skipped"] == 1  # one batch held rank 1's NaN row
+        assert report["finite_after_skip"]  # and the replicas were then compared
+
+
 def test_ranks_that_start_differently_are_stopped_before_the_first_step(keras_run):
     for report in keras_run.both("failures"):
         errors = report["disagreements"]

@@ -178,6 +178,15 @@ def scenario_failures() -> None:
         nonfinite = None
     except Exception as error:  # TensorFlow's InvalidArgumentError from the graph assertion
         nonfinite = f"{type(error).__name__}: {error}"
+    model = make_model()
+    optimizer = hvk.DistributedOptimizer(make_optimizer("sgd"), skip_nonfinite=True)
+    model.compile(optimizer=optimizer, loss=loss(), jit_compile=False)
+    recorder = Recorder()
+    model.fit(x, y, batch_size=BATCH_PER_WORKER, epochs=1, shuffle=False, verbose=0,
+              callbacks=[recorder])
+    skipped = int(keras.ops.convert_to_numpy(optimizer.skipped_steps))
+    finite_after_skip = bool(np.all([np.isfinite(w).all() for w in model.get_weights()]))
+    hvk.verify_replicas(model)
     errors = {}
     for check, optimizer, batch in (("optimizer", "adam" if hvk.rank() == 1 else "sgd", 4),
                                     ("batch size", "sgd", 4 if hvk.rank() == 0 else 8)):
@@ -191,7 +200,8 @@ def scenario_failures() -> None:
             errors[check] = None
         except hvk.RankDisagreementError as error:
             errors[check] = str(error)
-    report("failures", nonfinite=nonfinite, disagreements=errors)
+    report("failures", nonfinite=nonfinite, disagreements=errors, skipped=skipped,
+           finite_after_skip=finite_after_skip)
 
 
 def scenario_custom_loop() -> None:
