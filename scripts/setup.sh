@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Sets up everything hvdtrain needs on a fresh Debian machine, idempotently:
-#   1. Debian packages: Open MPI (openmpi-bin, libopenmpi-dev), cmake, g++
+#   1. Debian packages: Open MPI (openmpi-bin, libopenmpi-dev), cmake, g++, make
 #   2. a virtual environment in .venv
-#   3. torch, tensorflow-cpu, mpi4py and the test tools, pinned by constraints.txt
-#   4. Horovod built from its PyPI source distribution against exactly those
+#   3. pip, setuptools and wheel in it, pinned like everything else by constraints.txt
+#   4. torch, tensorflow-cpu and mpi4py: what Horovod's build compiles against
+#   5. Horovod built from its PyPI source distribution against exactly those
 #      frameworks (cached as a wheel outside the repository)
-#   5. hvdtrain itself, editable, and a check that Horovod's build is complete
+#   6. hvdtrain itself, editable, with its test and plot extras, and a check that
+#      Horovod's build is complete
 #
 # Environment:
 #   HVDTRAIN_CACHE   where the built Horovod wheel is kept (default ~/.cache/hvdtrain)
