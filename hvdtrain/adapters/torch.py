@@ -599,20 +599,16 @@ def verify_replicas(model: torch.nn.Module,
 _CHECKPOINT_LEAVES = (type(None), bool, int, float, str, torch.Tensor)
 
 
-def _check_saveable(value: Any, where: str) -> None:
+def _check_saveable(payload: dict[str, Any]) -> None:
     """Checkpoints load with ``torch.load(weights_only=True)``: only plain data may go in."""
-    if isinstance(value, dict):
-        for key, item in value.items():
-            _check_saveable(item, f"{where}[{key!r}]")
-    elif isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            _check_saveable(item, f"{where}[{i}]")
-    elif not isinstance(value, _CHECKPOINT_LEAVES):
-        raise TypeError(
-            f"checkpoint value {where} is a {type(value).__name__}; only tensors, numbers, "
-            "strings, None and lists/tuples/dicts of them can be saved (checkpoints are read "
-            "with torch.load(weights_only=True)); convert it, e.g. with int(), float() or str()"
-        )
+    for path, leaf in _leaves(payload):
+        if not isinstance(leaf, _CHECKPOINT_LEAVES):
+            raise TypeError(
+                f"checkpoint value {path} is a {type(leaf).__name__}; only tensors, numbers, "
+                "strings, None and lists/tuples/dicts of them can be saved (checkpoints are "
+                "read with torch.load(weights_only=True)); convert it, e.g. with int(), "
+                "float() or str()"
+            )
 
 
 def save_checkpoint(
@@ -641,7 +637,7 @@ def save_checkpoint(
                 "scheduler": scheduler.state_dict() if scheduler is not None else None,
                 "extra": extra,
             }
-            _check_saveable(payload, "checkpoint")
+            _check_saveable(payload)
             with atomic_write(path) as file:
                 torch.save(payload, file)
         except Exception as failure:
