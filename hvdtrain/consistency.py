@@ -58,3 +58,21 @@ def raise_on_disagreement(facts_by_rank: Sequence[Mapping[str, Any]], where: str
             f"{where}: the ranks disagree: {problem}. Every rank must run the same code, "
             "settings and software; check rank-dependent arguments and each host's environment."
         )
+
+
+def average_by_key(values_by_rank: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """The mean over ranks of each named number (as gathered from every rank).
+
+    Raises ValueError when the ranks report different names, for example validation
+    metrics on one rank only, the classic cause of Horovod hangs.
+    """
+    keys = sorted(values_by_rank[0])
+    for rank, values in enumerate(values_by_rank[1:], start=1):
+        if sorted(values) != keys:
+            raise ValueError(
+                f"the metrics differ between ranks: {keys} on rank 0 but {sorted(values)} on "
+                f"rank {rank}; every rank must report the same metrics (give every rank "
+                "validation data, or none)"
+            )
+    return {key: sum(values[key] for values in values_by_rank) / len(values_by_rank)
+            for key in keys}

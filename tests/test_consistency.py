@@ -4,6 +4,7 @@ import pytest
 
 from hvdtrain.consistency import (
     RankDisagreementError,
+    average_by_key,
     first_disagreement,
     raise_on_disagreement,
     software_versions,
@@ -32,3 +33,10 @@ def test_versions_name_python_hvdtrain_and_absent_packages():
     versions = software_versions("numpy", "no-such-distribution")
     assert set(versions) == {"python", "hvdtrain", "numpy", "no-such-distribution"}
     assert versions["no-such-distribution"] == "absent"
+
+
+def test_average_by_key_is_the_mean_over_ranks_and_needs_the_same_keys():
+    assert average_by_key([{"loss": 1.0, "acc": 0.5}, {"acc": 0.25, "loss": 3.0}]) == {
+        "acc": 0.375, "loss": 2.0}
+    with pytest.raises(ValueError, match=r"\['loss'\] on rank 0 but \['los'\] on rank 1"):
+        average_by_key([{"loss": 1.0}, {"los": 1.0}])

@@ -20,7 +20,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from hvdtrain.consistency import raise_on_disagreement
+from hvdtrain.consistency import average_by_key, raise_on_disagreement
 from hvdtrain.replicas import checksums, raise_on_mismatch
 
 SUPPORTED_BACKENDS = {"tensorflow": "horovod.tensorflow", "torch": "horovod.torch"}
@@ -192,17 +192,7 @@ def verify_variables(named_variables: Sequence[tuple[str, Any]]) -> None:
 
 
 def average_numbers(values: Mapping[str, float]) -> dict[str, float]:
-    """The mean of each named number over all ranks, identical on every rank.
-
-    Raises ValueError on every rank when the ranks pass different names (for example
-    validation metrics on one rank only, the classic cause of Horovod hangs).
-    """
+    """The mean of each named number over all ranks, identical on every rank
+    (:func:`hvdtrain.consistency.average_by_key`: different names raise ValueError)."""
     mine = {key: float(value) for key, value in values.items()}
-    everyone = horovod().allgather_object(mine, name="hvdtrain.metrics")
-    keys = sorted(everyone[0])
-    for other_rank, other in enumerate(everyone[1:], start=1):
-        if sorted(other) != keys:
-            raise ValueError(f"metrics {keys} on rank 0 but {sorted(other)} on rank {other_rank}; "
-                             "every rank must report the same metrics (give every rank "
-                             "validation data, or none)")
-    return {key: sum(values[key] for values in everyone) / len(everyone) for key in keys}
+    return average_by_key(horovod().allgather_object(mine, name="hvdtrain.metrics"))

@@ -69,7 +69,12 @@ from horovod.torch import (
 from horovod.torch.optimizer import _DistributedOptimizer as _HorovodOptimizer
 
 from hvdtrain.checkpoint import atomic_write
-from hvdtrain.consistency import RankDisagreementError, raise_on_disagreement, software_versions
+from hvdtrain.consistency import (
+    RankDisagreementError,
+    average_by_key,
+    raise_on_disagreement,
+    software_versions,
+)
 from hvdtrain.replicas import ReplicaMismatchError, checksums, raise_on_mismatch
 from hvdtrain.runtime import init_horovod
 from hvdtrain.schedule import (
@@ -719,13 +724,7 @@ def average_metrics(metrics: Mapping[str, float | torch.Tensor]) -> dict[str, fl
     """
     _require_initialized("average_metrics")
     mine = {key: float(value) for key, value in metrics.items()}
-    everyone = allgather_object(mine, name="hvdtrain.metrics")
-    keys = sorted(everyone[0])
-    for other_rank, other in enumerate(everyone[1:], start=1):
-        if sorted(other) != keys:
-            raise ValueError(f"average_metrics got keys {keys} on rank 0 but {sorted(other)} "
-                             f"on rank {other_rank}; pass the same keys on every rank")
-    return {key: sum(values[key] for values in everyone) / len(everyone) for key in keys}
+    return average_by_key(allgather_object(mine, name="hvdtrain.metrics"))
 
 
 def distributed_sampler(dataset: torch.utils.data.Dataset, *, shuffle: bool = True,
