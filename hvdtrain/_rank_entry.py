@@ -12,16 +12,7 @@ import runpy
 import sys
 from pathlib import Path
 
-# Gloo runs set HOROVOD_RANK; Open MPI sets OMPI_COMM_WORLD_RANK; other MPIs PMI_RANK.
-_RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-
-
-def launcher_rank() -> int:
-    """This process's rank as the launcher assigned it, before Horovod is initialised."""
-    for name in _RANK_VARIABLES:
-        if name in os.environ:
-            return int(os.environ[name])
-    raise RuntimeError(f"no rank in the environment (looked for {', '.join(_RANK_VARIABLES)})")
+from hvdtrain.runtime import launcher_rank
 
 
 def _redirect_output(log_path: Path) -> None:
@@ -56,6 +47,8 @@ def main() -> None:
     rank_dir = Path(sys.argv[1])
     script, args = sys.argv[2], sys.argv[3:]
     rank = launcher_rank()
+    if rank is None:
+        raise RuntimeError("no rank in the environment: run this under horovodrun or mpirun")
     (rank_dir / f"rank-{rank}.pid").write_text(str(os.getpid()))
     _redirect_output(rank_dir / f"rank-{rank}.log")
     code = _run_script(script, args)

@@ -19,8 +19,8 @@ RUNTIME_DEFAULTS = {
     "HOROVOD_STALL_CHECK_TIME_SECONDS": "20",
     "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "40",
 }
-# Set by horovodrun (Gloo), Open MPI, MPICH/Intel MPI and PMIx launchers respectively.
-_LAUNCHER_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+# This process's rank as horovodrun (Gloo), Open MPI, MPICH/Intel MPI and PMIx launchers set it.
+_LAUNCHER_RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 
 
 def apply_runtime_defaults() -> None:
@@ -29,9 +29,17 @@ def apply_runtime_defaults() -> None:
         os.environ.setdefault(name, value)
 
 
+def launcher_rank() -> int | None:
+    """This process's rank as its launcher set it (before any init), or None without one."""
+    for name in _LAUNCHER_RANK_VARIABLES:
+        if name in os.environ:
+            return int(os.environ[name])
+    return None
+
+
 def under_launcher() -> bool:
     """True when a launcher (horovodrun, mpirun, srun with PMI) started this process."""
-    return any(name in os.environ for name in _LAUNCHER_VARIABLES)
+    return launcher_rank() is not None
 
 
 def announce_single_worker() -> None:
