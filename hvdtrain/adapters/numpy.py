@@ -151,22 +151,6 @@ def broadcast_in_place(arrays: Iterable[np.ndarray], root_rank: int = 0) -> None
         array[...] = broadcast(array, root_rank).reshape(array.shape)
 
 
-def _check_same_parameters(params: Sequence[np.ndarray]) -> None:
-    """Raise on every rank unless every rank has the same parameter shapes and dtypes."""
-    everyone = _comm().allgather([(p.shape, p.dtype.str) for p in params])
-    reference = everyone[0]
-    for other_rank, theirs in enumerate(everyone[1:], start=1):
-        if len(theirs) != len(reference):
-            raise ValueError(f"rank 0 has {len(reference)} parameters but rank {other_rank} "
-                             f"has {len(theirs)}; every rank must build the same model")
-        for i, (mine, other) in enumerate(zip(reference, theirs, strict=True)):
-            if mine != other:
-                raise ValueError(
-                    f"params[{i}] has shape {mine[0]} dtype {mine[1]} on rank 0 but shape "
-                    f"{other[0]} dtype {other[1]} on rank {other_rank}; every rank must build "
-                    "the same model")
-
-
 class DistributedSGD:
     """SGD (with optional momentum) whose ``step`` applies worker-averaged gradients in place.
 
@@ -195,9 +179,11 @@ class DistributedSGD:
         self.velocity = [np.zeros_like(p) for p in self.params]
         self._wire_dtype = np.result_type(*self.params) if self.params else np.float64
         self.steps_taken = 0
-        _check_same_parameters(self.params)
+        facts = {f"params[{i}] (shape, dtype)": (p.shape, p.dtype.str)
+                 for i, p in enumerate(self.params)}
         raise_on_disagreement(
-            _comm().allgather({"lr": self.lr, "momentum": self.momentum,
+            _comm().allgather({**facts, "number of parameters": len(self.params),
+                               "lr": self.lr, "momentum": self.momentum,
                                **software_versions("numpy", "mpi4py")}),
             "DistributedSGD")
 

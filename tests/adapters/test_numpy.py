@@ -56,6 +56,8 @@ def test_mismatched_shapes_raise_on_every_rank(run):
     for report in run.both("mismatch"):
         assert "rank 0 passes shape (3,)" in report["message"]
         assert "rank 1 passes shape (4,)" in report["message"]
+        assert ("params[0] (shape, dtype) is ((3,), '<f8') on rank 0 but ((4,), '<f8') on "
+                "rank 1") in report["model_message"]
 
 
 def test_distributed_sgd_equals_one_process_on_the_concatenated_batch(run):

@@ -49,7 +49,12 @@ def scenario_collectives() -> None:
         mismatch = None
     except ValueError as error:
         mismatch = str(error)
-    report("mismatch", message=mismatch)
+    try:
+        hvn.DistributedSGD([np.zeros(3 if hvn.rank() == 0 else 4)], lr=0.1)
+        model_mismatch = None
+    except ValueError as error:
+        model_mismatch = str(error)
+    report("mismatch", message=mismatch, model_message=model_mismatch)
 
 
 def scenario_sgd() -> None:
