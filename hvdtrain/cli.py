@@ -1,8 +1,9 @@
-"""The ``hvdtrain`` command: ``hvdtrain doctor`` and ``hvdtrain schedule``."""
+"""The ``hvdtrain`` command: ``hvdtrain doctor``, ``hvdtrain schedule`` and ``hvdtrain env``."""
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections.abc import Sequence
 
@@ -34,6 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doctor.add_argument("--timeout", type=float, default=120.0,
                         help="seconds each 2-process smoke run may take (default 120)")
+
+    commands.add_parser(
+        "env", help="print `export` lines for hvdtrain's launcher and runtime defaults",
+        description="Print an `export NAME=value` line for each of hvdtrain's defaults that "
+                    "the environment does not set yet (Horovod's stall check, Open MPI's "
+                    "daemon keepalive). Use before launching: eval \"$(hvdtrain env)\"",
+    )
 
     schedule = commands.add_parser(
         "schedule",
@@ -92,6 +100,14 @@ def print_schedule(args: argparse.Namespace) -> int:
     return 0
 
 
+def print_environment() -> int:
+    from hvdtrain.runtime import missing_defaults
+
+    for name, value in missing_defaults().items():
+        print(f"export {name}={shlex.quote(value)}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hvdtrain`` console script."""
     parser = build_parser()
@@ -100,6 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from hvdtrain.doctor import run_doctor
 
         return run_doctor(timeout=args.timeout)
+    if args.command == "env":
+        return print_environment()
     try:
         return print_schedule(args)
     except ValueError as error:

@@ -14,10 +14,24 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
+
+from hvdtrain import watchdog
 
 RUNTIME_DEFAULTS = {
     "HOROVOD_STALL_CHECK_TIME_SECONDS": "20",
     "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "40",
+}
+# Read by mpirun (and so by `horovodrun --mpi`) itself, so they must be in the
+# launcher's environment: `eval "$(hvdtrain env)"` puts them there. Open MPI's daemons
+# talk over TCP links that by default notice a dead network after 8 minutes (keepalive
+# 300 s + 9 probes x 20 s); with these, mpirun sees a lost host after about 25 s and
+# ends the job ("ORTE has lost communication with a remote daemon"). A healthy but
+# quiet job is unaffected: the peer's kernel answers the probes.
+LAUNCHER_DEFAULTS = {
+    "OMPI_MCA_oob_tcp_keepalive_time": "10",
+    "OMPI_MCA_oob_tcp_keepalive_intvl": "5",
+    "OMPI_MCA_oob_tcp_keepalive_probes": "3",
 }
 # This process's rank as horovodrun (Gloo), Open MPI, MPICH/Intel MPI and PMIx launchers set it.
 _LAUNCHER_RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
@@ -27,6 +41,12 @@ def apply_runtime_defaults() -> None:
     """Set hvdtrain's Horovod defaults, leaving any variable the user already set."""
     for name, value in RUNTIME_DEFAULTS.items():
         os.environ.setdefault(name, value)
+
+
+def missing_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """hvdtrain's runtime and launcher defaults that ``environ`` does not set yet."""
+    return {name: value for name, value in {**RUNTIME_DEFAULTS, **LAUNCHER_DEFAULTS}.items()
+            if name not in environ}
 
 
 def launcher_rank() -> int | None:
@@ -50,15 +70,18 @@ def announce_single_worker() -> None:
 
 
 def init_horovod(horovod_module, comm=None, process_sets=None) -> None:
-    """``horovod_module.init(comm, process_sets)`` with hvdtrain's defaults and notice.
+    """``horovod_module.init(comm, process_sets)`` with hvdtrain's defaults, notice and
+    collective watchdog (:mod:`hvdtrain.watchdog`).
 
     ``comm`` is Horovod's: None (every process), a list of ranks, or an mpi4py
     communicator (for several independent data-parallel groups in one job).
     """
     apply_runtime_defaults()
+    watchdog.timeout_seconds()  # a malformed limit fails before any worker starts waiting
     horovod_module.init(comm=comm, process_sets=process_sets)
     announce_single_worker()
     report_failures_as_rank(horovod_module.rank())
+    watchdog.start(horovod_module.rank(), horovod_module.size())
 
 
 def report_failures_as_rank(rank: int) -> None:

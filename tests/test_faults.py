@@ -15,13 +15,17 @@ from harness import WORKERS, launch, reports
 
 from hvdtrain.launch import process_alive
 from hvdtrain.runtime import RUNTIME_DEFAULTS
+from hvdtrain.watchdog import EXIT_CODE
 
 DEADLINE_SECONDS = 60
 
 
 def run_fault(mode, controller, **env):
+    """Run faults.py MODE (or, for mode "keras", keras_skip.py) and check the job ended
+    in time, non-zero, with no rank left behind."""
     started = time.monotonic()
-    result = launch("faults.py", mode, controller=controller, timeout=120, env=env)
+    worker = ("keras_skip.py",) if mode == "keras" else ("faults.py", mode)
+    result = launch(*worker, controller=controller, timeout=120, env=env)
     elapsed = time.monotonic() - started
     assert not result.timed_out and result.returncode != 0
     assert elapsed < DEADLINE_SECONDS, f"{mode} under {controller} took {elapsed:.0f} s"
@@ -67,6 +71,24 @@ def test_a_skipped_collective_is_reported_then_shut_down_under_mpi():
     assert "Missing ranks:" in rank0
     assert "1: [allreduce.bias, allreduce.weight]" in rank0
     assert "stalled for longer than 8 seconds. Will shutdown." in rank0
+
+
+def test_a_skipped_collective_under_gloo_is_ended_by_the_watchdog():
+    """Horovod's stall check never fires under Gloo; hvdtrain's watchdog does."""
+    result = run_fault("skip", "gloo", HVDTRAIN_COLLECTIVE_TIMEOUT_SECONDS="6")
+    assert result.ranks[0].exit_code is None  # the watchdog ends the process with os._exit
+    assert f"Exit code: {EXIT_CODE}" in result.launcher_output
+    assert ("hvdtrain: rank 0 of 2 waited 6 s (limit 6 s) for the gradient allreduce of "
+            "step 3 (allreduce.bias, allreduce.weight); rank 1 did not complete it") \
+        in result.ranks[0].output
+
+
+def test_a_keras_rank_that_stops_joining_is_ended_by_the_watchdog_callback():
+    result = run_fault("keras", "gloo", HVDTRAIN_COLLECTIVE_TIMEOUT_SECONDS="6")
+    assert f"Exit code: {EXIT_CODE}" in result.launcher_output
+    assert ("waited 6 s (limit 6 s) for the gradient allreduce of training step 3 "
+            "(counting train-function calls from 0); rank 1 did not complete it") \
+        in result.ranks[0].output
 
 
 def test_a_nonfinite_gradient_stops_every_rank_naming_the_step(controller):

@@ -20,6 +20,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from hvdtrain import watchdog
 from hvdtrain.consistency import average_by_key, raise_on_disagreement
 from hvdtrain.replicas import checksums, raise_on_mismatch
 
@@ -162,8 +163,9 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int = 0) -> None:
         by_dtype.setdefault(str(variable.dtype), []).append(variable)
     for dtype, group in sorted(by_dtype.items()):
         flat = ops.concatenate([ops.reshape(ops.convert_to_tensor(v), [-1]) for v in group])
-        received = hvd.broadcast(flat, root_rank, name=f"hvdtrain.broadcast.{dtype}",
-                                 **_UNSCOPED)
+        with watchdog.guard(f"the broadcast of the {dtype} variables from rank {root_rank}"):
+            received = hvd.broadcast(flat, root_rank, name=f"hvdtrain.broadcast.{dtype}",
+                                     **_UNSCOPED)
         sizes = [int(np.prod(v.shape)) for v in group]
         pieces = ops.split(received, np.cumsum(sizes)[:-1].tolist()) if len(group) > 1 \
             else [received]
@@ -173,8 +175,7 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int = 0) -> None:
 
 def check_ranks_agree(facts: Mapping[str, Any], where: str) -> None:
     """Raise RankDisagreementError on every rank unless every rank has the same ``facts``."""
-    raise_on_disagreement(horovod().allgather_object(dict(facts), name="hvdtrain.agreement"),
-                          where)
+    raise_on_disagreement(_allgather_object(dict(facts), "hvdtrain.agreement"), where)
 
 
 def verify_variables(named_variables: Sequence[tuple[str, Any]]) -> None:
@@ -187,12 +188,17 @@ def verify_variables(named_variables: Sequence[tuple[str, Any]]) -> None:
     mine = checksums((key, ops.convert_to_numpy(v))
                      for key, (_, v) in zip(keys, named_variables, strict=True))
     labels = {key: name for key, (name, _) in zip(keys, named_variables, strict=True)}
-    raise_on_mismatch(horovod().allgather_object(mine, name="hvdtrain.replica_checksums"),
-                      labels)
+    raise_on_mismatch(_allgather_object(mine, "hvdtrain.replica_checksums"), labels)
 
 
 def average_numbers(values: Mapping[str, float]) -> dict[str, float]:
     """The mean of each named number over all ranks, identical on every rank
     (:func:`hvdtrain.consistency.average_by_key`: different names raise ValueError)."""
     mine = {key: float(value) for key, value in values.items()}
-    return average_by_key(horovod().allgather_object(mine, name="hvdtrain.metrics"))
+    return average_by_key(_allgather_object(mine, "hvdtrain.metrics"))
+
+
+def _allgather_object(value: Any, name: str) -> list[Any]:
+    """Horovod's ``allgather_object`` under the watchdog (:mod:`hvdtrain.watchdog`)."""
+    with watchdog.guard(f"the allgather of {name}"):
+        return horovod().allgather_object(value, name=name)

@@ -8,7 +8,7 @@ Keras 2 APIs. This adapter works with Keras 3 on the TensorFlow backend (through
 - :func:`DistributedOptimizer`: any Keras 3 optimizer, gradients averaged across
   workers with one grouped allreduce per step.
 - Callbacks: :class:`BroadcastInitialState`, :class:`LinearScalingWarmup`,
-  :class:`MetricAverage`, :class:`ReplicaCheck`.
+  :class:`MetricAverage`, :class:`ReplicaCheck`, :class:`CollectiveWatchdog`.
 - :func:`verify_replicas`, :func:`load_model`, and Horovod's basics
   (:func:`init`, :func:`rank`, :func:`size`, ...).
 
@@ -25,7 +25,7 @@ Example (``horovodrun -np 2 python train.py``)::
     model.fit(x_shard, y_shard, batch_size=32, epochs=5, verbose=int(hvk.rank() == 0),
               callbacks=[hvk.BroadcastInitialState(), hvk.MetricAverage(),
                          hvk.LinearScalingWarmup(batch_size_per_worker=32, base_batch_size=32),
-                         hvk.ReplicaCheck()])
+                         hvk.ReplicaCheck(), hvk.CollectiveWatchdog()])
 
 Rank-0 patterns: give ``verbose=1`` (the progress bar) and callbacks that write
 files, such as ``ModelCheckpoint`` and ``TensorBoard``, to rank 0 only; put
@@ -36,12 +36,14 @@ ReduceLROnPlateau, ModelCheckpoint), so that every rank acts on the same values.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Iterable
 from typing import Any
 
 import keras
 from keras import ops
 
+from hvdtrain import watchdog
 from hvdtrain.adapters import _keras_collectives as collectives
 from hvdtrain.consistency import RankDisagreementError, software_versions
 from hvdtrain.replicas import ReplicaMismatchError
@@ -54,10 +56,10 @@ from hvdtrain.schedule import (
 )
 
 __all__ = [
-    "Average", "BroadcastInitialState", "DistributedOptimizer", "LinearScalingWarmup",
-    "MetricAverage", "RankDisagreementError", "ReplicaCheck", "ReplicaMismatchError", "Sum",
-    "init", "is_initialized", "load_model", "local_rank", "local_size", "rank", "shutdown",
-    "size", "verify_replicas",
+    "Average", "BroadcastInitialState", "CollectiveWatchdog", "DistributedOptimizer",
+    "LinearScalingWarmup", "MetricAverage", "RankDisagreementError", "ReplicaCheck",
+    "ReplicaMismatchError", "Sum", "init", "is_initialized", "load_model", "local_rank",
+    "local_size", "rank", "shutdown", "size", "verify_replicas",
 ]
 
 _hvd = collectives.horovod()
@@ -411,6 +413,41 @@ class ReplicaCheck(keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs=None) -> None:
         if (epoch + 1) % self.every_n_epochs == 0:
             verify_replicas(self.model)
+
+
+class CollectiveWatchdog(keras.callbacks.Callback):
+    """End this worker, instead of hanging, when a training step waits too long for the others.
+
+    A rank that skips a step (a rank-dependent code path), dies, or loses its network
+    leaves the other ranks blocked in the step's gradient allreduce; under Gloo and on
+    a cut link nothing in Horovod ends that wait. With this callback each call of the
+    model's train function runs under :mod:`hvdtrain.watchdog`: after
+    ``HVDTRAIN_COLLECTIVE_TIMEOUT_SECONDS`` (default 45) the waiting rank prints which
+    step it waited for and on which rank, and exits with code 124, so the launcher
+    stops the job. The first call is not watched: it traces and compiles the step,
+    which can legitimately take longer than the limit.
+
+    Example::
+
+        model.fit(x, y, epochs=10, callbacks=[hvk.CollectiveWatchdog()])
+    """
+
+    def on_train_begin(self, logs=None) -> None:
+        train_function = self.model.train_function
+        if getattr(train_function, "hvdtrain_watched", False):
+            return  # a later fit() on the same model: already wrapped
+        calls = itertools.count()
+
+        def watched(*args, **kwargs):
+            call = next(calls)
+            if call == 0:
+                return train_function(*args, **kwargs)
+            with watchdog.guard(f"the gradient allreduce of training step {call} "
+                                "(counting train-function calls from 0)"):
+                return train_function(*args, **kwargs)
+
+        watched.hvdtrain_watched = True
+        self.model.train_function = watched
 
 
 def verify_replicas(model: keras.Model) -> None:

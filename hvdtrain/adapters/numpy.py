@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from hvdtrain import watchdog
 from hvdtrain.consistency import raise_on_disagreement, software_versions
 from hvdtrain.replicas import ReplicaMismatchError, checksums, raise_on_mismatch
 from hvdtrain.runtime import announce_single_worker
@@ -71,8 +72,10 @@ def init(comm: MPI.Comm | None = None) -> None:
             "hvdtrain.adapters.numpy needs MPI: run `horovodrun --mpi -np N ...` or "
             "`mpirun -np N ...`"
         )
+    watchdog.timeout_seconds()  # a malformed limit fails before any worker starts waiting
     _communicator = comm if comm is not None else MPI.COMM_WORLD
     announce_single_worker()
+    watchdog.start(_communicator.Get_rank(), _communicator.Get_size())
 
 
 def _comm() -> MPI.Comm:
@@ -91,6 +94,12 @@ def size() -> int:
     return _comm().Get_size()
 
 
+def _allgather(value: Any, what: str) -> list[Any]:
+    """Every rank's ``value`` (a pickled allgather), under the watchdog."""
+    with watchdog.guard(f"the allgather of {what}"):
+        return _comm().allgather(value)
+
+
 def _contiguous(array: Any, what: str) -> np.ndarray:
     """A C-contiguous array with the same values (a copy only when needed)."""
     data = np.asarray(array)
@@ -102,7 +111,7 @@ def _contiguous(array: Any, what: str) -> np.ndarray:
 def _check_same_everywhere(data: np.ndarray, what: str) -> None:
     """Raise on every rank unless every rank passes the same shape and dtype."""
     mine = (data.shape, data.dtype.str)
-    everyone = _comm().allgather(mine)
+    everyone = _allgather(mine, f"{what}'s shapes and dtypes")
     for other_rank, theirs in enumerate(everyone):
         if theirs != everyone[0]:
             raise ValueError(
@@ -124,7 +133,8 @@ def allreduce_mean(array: Any) -> np.ndarray:
     if not np.issubdtype(data.dtype, np.floating):
         data = data.astype(np.int64)
     total = np.empty_like(data)
-    _comm().Allreduce(data, total, op=MPI.SUM)
+    with watchdog.guard("allreduce_mean's Allreduce"):
+        _comm().Allreduce(data, total, op=MPI.SUM)
     if np.issubdtype(total.dtype, np.floating):
         total /= size()
         return total
@@ -135,11 +145,12 @@ def broadcast(array: Any, root_rank: int = 0) -> np.ndarray:
     """``root_rank``'s array, as a new array, on every rank (other ranks may pass None)."""
     comm = _comm()
     data = _contiguous(array, "broadcast") if comm.Get_rank() == root_rank else None
-    shape, dtype = comm.bcast((data.shape, data.dtype.str) if data is not None else None,
-                              root=root_rank)
-    if data is None:
-        data = np.empty(shape, dtype=np.dtype(dtype))
-    comm.Bcast(data, root=root_rank)
+    with watchdog.guard(f"a broadcast from rank {root_rank}"):
+        shape, dtype = comm.bcast((data.shape, data.dtype.str) if data is not None else None,
+                                  root=root_rank)
+        if data is None:
+            data = np.empty(shape, dtype=np.dtype(dtype))
+        comm.Bcast(data, root=root_rank)
     return data
 
 
@@ -182,9 +193,9 @@ class DistributedSGD:
         facts = {f"params[{i}] (shape, dtype)": (p.shape, p.dtype.str)
                  for i, p in enumerate(self.params)}
         raise_on_disagreement(
-            _comm().allgather({**facts, "number of parameters": len(self.params),
-                               "lr": self.lr, "momentum": self.momentum,
-                               **software_versions("numpy", "mpi4py")}),
+            _allgather({**facts, "number of parameters": len(self.params),
+                        "lr": self.lr, "momentum": self.momentum,
+                        **software_versions("numpy", "mpi4py")}, "DistributedSGD's settings"),
             "DistributedSGD")
 
     def step(self, grads: Sequence[np.ndarray]) -> None:
@@ -211,7 +222,8 @@ class DistributedSGD:
     def _averaged(self, grads: Sequence[np.ndarray]) -> list[np.ndarray]:
         flat = np.concatenate([np.asarray(g, dtype=self._wire_dtype).reshape(-1) for g in grads])
         total = np.empty_like(flat)
-        _comm().Allreduce(flat, total, op=MPI.SUM)
+        with watchdog.guard(f"the gradient Allreduce of step {self.steps_taken}"):
+            _comm().Allreduce(flat, total, op=MPI.SUM)
         total /= size()
         pieces = np.split(total, np.cumsum([p.size for p in self.params])[:-1])
         return [piece.reshape(p.shape).astype(p.dtype, copy=False)
@@ -260,8 +272,9 @@ class LinearScalingWarmup:
             warmup_epochs=warmup_epochs, milestones=tuple(milestones), gamma=gamma,
             backward_passes_per_step=backward_passes_per_step,
         )
-        raise_on_disagreement(_comm().allgather(dataclasses.asdict(self.schedule)),
-                              "LinearScalingWarmup")
+        raise_on_disagreement(
+            _allgather(dataclasses.asdict(self.schedule), "LinearScalingWarmup's settings"),
+            "LinearScalingWarmup")
         self.steps_done = 0
         optimizer.lr = self.schedule.lr_at(0)
 
@@ -281,4 +294,4 @@ class LinearScalingWarmup:
 def verify_replicas(arrays: Sequence[np.ndarray]) -> None:
     """Raise ReplicaMismatchError on every rank unless every rank's arrays are bit-identical."""
     mine = checksums((f"array[{i}]", np.asarray(a)) for i, a in enumerate(arrays))
-    raise_on_mismatch(_comm().allgather(mine))
+    raise_on_mismatch(_allgather(mine, "the replica checksums"))

@@ -68,6 +68,7 @@ from horovod.torch import (
 # synchronize(); DistributedOptimizer builds on them (see _distributed_class).
 from horovod.torch.optimizer import _DistributedOptimizer as _HorovodOptimizer
 
+from hvdtrain import watchdog
 from hvdtrain.checkpoint import atomic_write
 from hvdtrain.consistency import (
     RankDisagreementError,
@@ -160,7 +161,8 @@ class _Extras:
         # Horovod counts down backward passes per parameter; read them before it resets.
         passes = {p: self.backward_passes_per_step - left
                   for p, left in self._allreduce_delay.items()}
-        _HorovodOptimizer.synchronize(self)
+        with watchdog.guard(self._pending_allreduces):
+            _HorovodOptimizer.synchronize(self)
         if self.backward_passes_per_step > 1:
             for parameter, count in passes.items():
                 if count > 1 and parameter.grad is not None:
@@ -190,6 +192,12 @@ class _Extras:
         with self.skip_synchronize():
             return _HorovodOptimizer.step(self, closure)
 
+    def _pending_allreduces(self) -> str:
+        names = [f"allreduce.{self._parameter_names.get(p, '<unnamed>')}"
+                 for p in list(self._handles)]
+        shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        return f"the gradient allreduce of step {self.steps_taken} ({shown})"
+
     def _first_nonfinite_gradient(self) -> str | None:
         """The name of the first parameter whose (averaged) gradient is not finite."""
         parameters = [p for group in self.param_groups for p in group["params"]
@@ -216,7 +224,8 @@ class _Extras:
 def _on_any_rank(condition: bool) -> bool:
     """True on every rank when ``condition`` holds on at least one (one scalar allreduce)."""
     flag = torch.tensor(1.0 if condition else 0.0, dtype=torch.float64)
-    return _hvd.allreduce(flag, op=Sum, name="hvdtrain.any_rank").item() > 0
+    with watchdog.guard("the non-finite gradient vote (hvdtrain.any_rank)"):
+        return _hvd.allreduce(flag, op=Sum, name="hvdtrain.any_rank").item() > 0
 
 
 def _bf16_allreduce_async(gradient: torch.Tensor, name: str, op) -> Any:
@@ -363,8 +372,8 @@ def _check_ranks_agree(named_parameters: list[tuple[str, torch.Tensor]],
     rank, the parameter or field, and both values.
     """
     mine = [(name, tuple(p.shape), str(p.dtype)) for name, p in named_parameters]
-    everyone = allgather_object({"parameters": mine, "facts": facts},
-                                name="hvdtrain.start_agreement")
+    everyone = _guarded_allgather_object({"parameters": mine, "facts": facts},
+                                         "hvdtrain.start_agreement")
     problem = _first_parameter_difference([rank["parameters"] for rank in everyone])
     if problem:
         raise ParameterMismatchError(
@@ -372,6 +381,12 @@ def _check_ranks_agree(named_parameters: list[tuple[str, torch.Tensor]],
             "(same layers, shapes and dtypes, in the same order) before wrapping its optimizer."
         )
     raise_on_disagreement([rank["facts"] for rank in everyone], "DistributedOptimizer")
+
+
+def _guarded_allgather_object(value: Any, name: str) -> list[Any]:
+    """Horovod's ``allgather_object`` under the watchdog (:mod:`hvdtrain.watchdog`)."""
+    with watchdog.guard(f"the allgather of {name}"):
+        return allgather_object(value, name=name)
 
 
 def _first_parameter_difference(specs_by_rank: list[list[tuple]]) -> str | None:
@@ -462,7 +477,8 @@ class LinearScalingWarmup(torch.optim.lr_scheduler.LRScheduler):
         LinearScalingSchedule(base_lr=1.0, **self._schedule_arguments)
         if _hvd.is_initialized():
             raise_on_disagreement(
-                allgather_object(self._schedule_arguments, name="hvdtrain.schedule_agreement"),
+                _guarded_allgather_object(self._schedule_arguments,
+                                          "hvdtrain.schedule_agreement"),
                 "LinearScalingWarmup")
         super().__init__(optimizer)
 
@@ -512,28 +528,29 @@ def broadcast_state(
     Returns the root's ``extra`` (a new dict) on every rank.
     """
     _require_initialized("broadcast_state")
-    tensors = {name: t.data for name, t in chain(model.named_parameters(),
-                                                   model.named_buffers())}
-    _hvd.broadcast_parameters(tensors, root_rank=root_rank)
-    is_root = _hvd.rank() == root_rank
-    optimizer_state = optimizer.state_dict() if optimizer is not None and is_root else None
-    header = {
-        "optimizer": _map_leaves(optimizer_state, _spec_of) if is_root else None,
-        "scheduler": scheduler.state_dict() if scheduler is not None and is_root else None,
-        "extra": dict(extra or {}) if is_root else None,
-    }
-    header = broadcast_object(header, root_rank=root_rank, name="hvdtrain.state.header")
-    if optimizer is not None:
-        if not is_root:
-            optimizer_state = _map_leaves(header["optimizer"], _empty_for)
-        state_tensors = [(path, leaf) for path, leaf in _leaves(optimizer_state)
-                         if isinstance(leaf, torch.Tensor)]
-        _broadcast_tensors_in_place(state_tensors, root_rank, "optimizer")
-        if not is_root:
-            optimizer.load_state_dict(optimizer_state)
-    if scheduler is not None and not is_root:
-        scheduler.load_state_dict(header["scheduler"])
-    return header["extra"]
+    with watchdog.guard(f"broadcast_state from rank {root_rank}"):
+        tensors = {name: t.data for name, t in chain(model.named_parameters(),
+                                                       model.named_buffers())}
+        _hvd.broadcast_parameters(tensors, root_rank=root_rank)
+        is_root = _hvd.rank() == root_rank
+        optimizer_state = optimizer.state_dict() if optimizer is not None and is_root else None
+        header = {
+            "optimizer": _map_leaves(optimizer_state, _spec_of) if is_root else None,
+            "scheduler": scheduler.state_dict() if scheduler is not None and is_root else None,
+            "extra": dict(extra or {}) if is_root else None,
+        }
+        header = broadcast_object(header, root_rank=root_rank, name="hvdtrain.state.header")
+        if optimizer is not None:
+            if not is_root:
+                optimizer_state = _map_leaves(header["optimizer"], _empty_for)
+            state_tensors = [(path, leaf) for path, leaf in _leaves(optimizer_state)
+                             if isinstance(leaf, torch.Tensor)]
+            _broadcast_tensors_in_place(state_tensors, root_rank, "optimizer")
+            if not is_root:
+                optimizer.load_state_dict(optimizer_state)
+        if scheduler is not None and not is_root:
+            scheduler.load_state_dict(header["scheduler"])
+        return header["extra"]
 
 
 def _map_leaves(tree: Any, function) -> Any:
@@ -595,7 +612,7 @@ def verify_replicas(model: torch.nn.Module,
     if optimizer is not None:
         tree["optimizer"] = optimizer.state_dict()
     mine = checksums((path, _as_array(leaf)) for path, leaf in _leaves(tree))
-    raise_on_mismatch(allgather_object(mine, name="hvdtrain.replica_checksums"))
+    raise_on_mismatch(_guarded_allgather_object(mine, "hvdtrain.replica_checksums"))
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -724,7 +741,7 @@ def average_metrics(metrics: Mapping[str, float | torch.Tensor]) -> dict[str, fl
     """
     _require_initialized("average_metrics")
     mine = {key: float(value) for key, value in metrics.items()}
-    return average_by_key(allgather_object(mine, name="hvdtrain.metrics"))
+    return average_by_key(_guarded_allgather_object(mine, "hvdtrain.metrics"))
 
 
 def distributed_sampler(dataset: torch.utils.data.Dataset, *, shuffle: bool = True,
