@@ -72,6 +72,7 @@ def main() -> int:
                                 warmup_epochs=args.warmup_epochs),
         hvk.MetricAverage(),
         hvk.ReplicaCheck(),
+        hvk.CollectiveWatchdog(),  # a rank left waiting for the others ends the job
     ]
     model.fit(x_train, y_train, batch_size=args.batch_size_per_worker, epochs=args.epochs,
               validation_data=(x_val, y_val), callbacks=callbacks,

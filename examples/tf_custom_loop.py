@@ -20,6 +20,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 import hvdtrain.adapters.tensorflow as hvtf
+from hvdtrain import watchdog
 
 
 def parse_args() -> argparse.Namespace:
@@ -78,7 +79,12 @@ def main() -> int:
         losses = []
         for step in range(steps_per_epoch):
             batch = order[step * args.batch_size_per_worker:(step + 1) * args.batch_size_per_worker]
-            losses.append(float(train_step(x_train[batch], y_train[batch])))
+            # A rank left waiting in the allreduce (another rank died or skipped the step)
+            # ends the job after HVDTRAIN_COLLECTIVE_TIMEOUT_SECONDS instead of hanging.
+            # The first call also traces the step; a model that traces for longer than
+            # the limit should leave that call unguarded.
+            with watchdog.guard(f"the gradient allreduce of epoch {epoch} step {step}"):
+                losses.append(float(train_step(x_train[batch], y_train[batch])))
         correct = np.sum(np.argmax(model(x_val), axis=1) == y_val)
         totals = hvtf.allreduce(tf.constant([np.mean(losses), correct, len(y_val)], tf.float64),
                                 op=hvtf.Sum, name="epoch_totals").numpy()

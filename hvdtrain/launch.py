@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hvdtrain.validation import require_positive_int
+
 CONTROLLERS = ("gloo", "mpi")
 
 # Open MPI refuses to start as root unless told twice; CI and containers run as root.
@@ -118,8 +120,7 @@ def run_workers(
     """
     if controller not in CONTROLLERS:
         raise ValueError(f"controller must be one of {CONTROLLERS}, got {controller!r}")
-    if isinstance(np, bool) or not isinstance(np, int) or np < 1:
-        raise ValueError(f"np must be an int >= 1, got {np!r}")
+    require_positive_int("np", np)
     script = Path(script).resolve()
     if not script.is_file():
         raise FileNotFoundError(f"worker script not found: {script}")

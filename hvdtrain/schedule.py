@@ -40,10 +40,11 @@ Example::
 from __future__ import annotations
 
 import itertools
-import math
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from hvdtrain.validation import is_finite_number, require_positive_int, require_positive_number
 
 DEFAULT_BASE_BATCH_SIZE = 256
 DEFAULT_WARMUP_EPOCHS = 5
@@ -95,16 +96,16 @@ class LinearScalingSchedule:
     backward_passes_per_step: int = 1
 
     def __post_init__(self) -> None:
-        _require_positive_number("base_lr", self.base_lr)
+        require_positive_number("base_lr", self.base_lr)
         for name in ("batch_size_per_worker", "workers", "steps_per_epoch",
                      "base_batch_size", "backward_passes_per_step"):
-            _require_positive_int(name, getattr(self, name))
-        if not _is_finite_number(self.warmup_epochs) or self.warmup_epochs < 0:
+            require_positive_int(name, getattr(self, name))
+        if not is_finite_number(self.warmup_epochs) or self.warmup_epochs < 0:
             raise ValueError(
                 f"warmup_epochs must be a finite number >= 0 (0 disables warmup), "
                 f"got {self.warmup_epochs!r}"
             )
-        _require_positive_number("gamma", self.gamma)
+        require_positive_number("gamma", self.gamma)
         object.__setattr__(self, "milestones", _validated_milestones(self.milestones))
 
     @property
@@ -147,28 +148,13 @@ class LinearScalingSchedule:
 
     def epoch_table(self, epochs: int) -> list[EpochRow]:
         """One row per epoch for ``epochs`` epochs, for printing or checking a plan."""
-        _require_positive_int("epochs", epochs)
+        require_positive_int("epochs", epochs)
         rows = []
         for epoch in range(epochs):
             first = epoch * self.steps_per_epoch
             last = first + self.steps_per_epoch - 1
             rows.append(EpochRow(epoch, first, last, self.lr_at(first), self.lr_at(last)))
         return rows
-
-
-def _is_finite_number(value: object) -> bool:
-    return (isinstance(value, int | float) and not isinstance(value, bool)
-            and math.isfinite(value))
-
-
-def _require_positive_number(name: str, value: object) -> None:
-    if not _is_finite_number(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-
-
-def _require_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be an int > 0, got {value!r}")
 
 
 def _validated_milestones(milestones: Sequence[int]) -> tuple[int, ...]:

@@ -21,9 +21,10 @@ anything else, such as a custom TensorFlow training step, can be wrapped::
 
 The limit is ``HVDTRAIN_COLLECTIVE_TIMEOUT_SECONDS`` (default 45; ``0`` turns the
 watchdog off). It must exceed the longest time one rank can legitimately wait for the
-others, e.g. while rank 0 alone evaluates or writes a checkpoint. The default is a
-little longer than Horovod's stall shutdown (40 s), so that under MPI Horovod's own
-report comes first.
+others, e.g. while rank 0 alone evaluates or writes a checkpoint. It is longer than
+Horovod's stall warning with hvdtrain's defaults (10-20 s), so that under MPI
+Horovod's report of the missing ranks comes first, and short enough that a stalled
+job ends within a minute of launch.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The hvdtrain command: `schedule` (table and plot) and `doctor`."""
+"""The hvdtrain command: `schedule` (table and plot), `doctor` and `env`."""
 
 import subprocess
 import sys
@@ -8,6 +8,7 @@ import pytest
 
 from hvdtrain.cli import main
 from hvdtrain.doctor import MPI_FIX, Report, check_versions
+from hvdtrain.runtime import LAUNCHER_DEFAULTS, RUNTIME_DEFAULTS
 from hvdtrain.schedule import LinearScalingSchedule
 
 SCHEDULE_ARGS = ["schedule", "--base-lr", "0.1", "--batch-size-per-worker", "32",
@@ -82,3 +83,15 @@ def test_doctor_is_green_on_this_machine():
     for controller in ("gloo", "mpi"):
         for framework in ("PyTorch", "TensorFlow"):
             assert (controller, framework, "ok") in smoke, (controller, framework)
+
+
+def test_env_prints_exports_for_the_defaults_not_yet_set(monkeypatch, capsys):
+    monkeypatch.setenv("OMPI_MCA_oob_tcp_keepalive_time", "99")
+    for name in RUNTIME_DEFAULTS:
+        monkeypatch.delenv(name, raising=False)
+    assert main(["env"]) == 0
+    exports = dict(line.removeprefix("export ").split("=", 1)
+                   for line in capsys.readouterr().out.splitlines())
+    assert exports == {**RUNTIME_DEFAULTS, **{name: value for name, value in
+                                              LAUNCHER_DEFAULTS.items()
+                                              if name != "OMPI_MCA_oob_tcp_keepalive_time"}}

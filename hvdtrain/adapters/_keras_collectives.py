@@ -23,6 +23,7 @@ from keras import ops
 from hvdtrain import watchdog
 from hvdtrain.consistency import average_by_key, raise_on_disagreement
 from hvdtrain.replicas import checksums, raise_on_mismatch
+from hvdtrain.validation import require_root_rank
 
 SUPPORTED_BACKENDS = {"tensorflow": "horovod.tensorflow", "torch": "horovod.torch"}
 # Horovod pairs collectives across ranks by name. In TensorFlow graphs the name gets the
@@ -158,6 +159,7 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int = 0) -> None:
     Keras 3 variables.)
     """
     hvd = horovod()
+    require_root_rank(root_rank, hvd.size())
     by_dtype: dict[str, list[Any]] = {}
     for variable in variables:
         by_dtype.setdefault(str(variable.dtype), []).append(variable)

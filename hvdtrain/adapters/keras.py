@@ -54,6 +54,7 @@ from hvdtrain.schedule import (
     DEFAULT_WARMUP_EPOCHS,
     LinearScalingSchedule,
 )
+from hvdtrain.validation import require_instance, require_positive_int
 
 __all__ = [
     "Average", "BroadcastInitialState", "CollectiveWatchdog", "DistributedOptimizer",
@@ -169,12 +170,9 @@ def DistributedOptimizer(
     op = Average if op is None else op
     collectives.check_compression(compression)
     collectives.check_op(op)
-    if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
-            or backward_passes_per_step < 1:
-        raise ValueError(f"backward_passes_per_step must be an int >= 1, "
-                         f"got {backward_passes_per_step!r}")
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise TypeError(f"expected a Keras 3 optimizer instance, got {type(optimizer).__name__}")
+    require_positive_int("backward_passes_per_step", backward_passes_per_step)
+    require_instance("optimizer", optimizer, keras.optimizers.Optimizer,
+                     "a Keras 3 optimizer instance, e.g. keras.optimizers.SGD(0.1)")
     if optimizer.built:
         raise ValueError("the optimizer has already been used (built); wrap it before "
                          "compile/fit, or continue a saved model with hvk.load_model(path)")
@@ -338,6 +336,11 @@ class LinearScalingWarmup(keras.callbacks.Callback):
                              "number of batches per epoch for this data; pass steps_per_epoch=")
         if self.base_lr is None:
             self.base_lr = _learning_rate(optimizer)
+            if not self.base_lr > 0:
+                raise ValueError(
+                    f"the optimizer's learning rate is {self.base_lr}: LinearScalingWarmup "
+                    "scales it (η, tuned for base_batch_size); give the optimizer that rate, "
+                    "or pass base_lr=")
         self._passes = optimizer.gradient_accumulation_steps or 1
         self._batches_per_epoch = batches
         self.schedule = self._make_schedule(self.base_lr, batches, self._passes)
@@ -405,9 +408,7 @@ class ReplicaCheck(keras.callbacks.Callback):
 
     def __init__(self, every_n_epochs: int = 1) -> None:
         super().__init__()
-        if isinstance(every_n_epochs, bool) or not isinstance(every_n_epochs, int) \
-                or every_n_epochs < 1:
-            raise ValueError(f"every_n_epochs must be an int >= 1, got {every_n_epochs!r}")
+        require_positive_int("every_n_epochs", every_n_epochs)
         self.every_n_epochs = every_n_epochs
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
@@ -459,6 +460,7 @@ def verify_replicas(model: keras.Model) -> None:
             that differs.
     """
     collectives.require_initialized("verify_replicas")
+    require_instance("model", model, keras.Model, "a keras.Model")
     named = [(v.path, v) for v in model.variables]
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None and optimizer.built:

@@ -43,6 +43,7 @@ from hvdtrain.schedule import (
     DEFAULT_WARMUP_EPOCHS,
     LinearScalingSchedule,
 )
+from hvdtrain.validation import require_instance, require_root_rank, require_same_world_size
 
 __all__ = [
     "DistributedSGD", "LinearScalingWarmup", "ReplicaMismatchError", "allreduce_mean", "broadcast",
@@ -144,6 +145,7 @@ def allreduce_mean(array: Any) -> np.ndarray:
 def broadcast(array: Any, root_rank: int = 0) -> np.ndarray:
     """``root_rank``'s array, as a new array, on every rank (other ranks may pass None)."""
     comm = _comm()
+    require_root_rank(root_rank, comm.Get_size())
     data = _contiguous(array, "broadcast") if comm.Get_rank() == root_rank else None
     with watchdog.guard(f"a broadcast from rank {root_rank}"):
         shape, dtype = comm.bcast((data.shape, data.dtype.str) if data is not None else None,
@@ -261,9 +263,9 @@ class LinearScalingWarmup:
         backward_passes_per_step: int = 1,
         world_size: int | None = None,
     ) -> None:
-        if world_size is not None and world_size != size():
-            raise ValueError(f"world_size={world_size} contradicts the launcher's {size()} "
-                             "workers (hvn.size()); leave world_size=None to use the launcher's")
+        require_instance("optimizer", optimizer, DistributedSGD, "an hvn.DistributedSGD")
+        if world_size is not None:
+            require_same_world_size(world_size, size(), "hvn.size()")
         self.optimizer = optimizer
         self.schedule = LinearScalingSchedule(
             base_lr=optimizer.lr, batch_size_per_worker=batch_size_per_worker,
@@ -293,5 +295,6 @@ class LinearScalingWarmup:
 
 def verify_replicas(arrays: Sequence[np.ndarray]) -> None:
     """Raise ReplicaMismatchError on every rank unless every rank's arrays are bit-identical."""
+    require_instance("arrays", arrays, list | tuple, "a list or tuple of NumPy arrays")
     mine = checksums((f"array[{i}]", np.asarray(a)) for i, a in enumerate(arrays))
     raise_on_mismatch(_allgather(mine, "the replica checksums"))

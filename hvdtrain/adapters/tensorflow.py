@@ -72,6 +72,7 @@ from hvdtrain.schedule import (
     DEFAULT_WARMUP_EPOCHS,
     LinearScalingSchedule,
 )
+from hvdtrain.validation import require_instance, require_same_world_size
 
 __all__ = [
     "Adasum", "Average", "Compression", "DistributedGradientTape", "LinearScalingWarmup",
@@ -105,8 +106,7 @@ class DistributedGradientTape:
                  op: Any = Average) -> None:
         collectives.check_compression(compression)
         collectives.check_op(op)
-        if not isinstance(tape, tf.GradientTape):
-            raise TypeError(f"expected a tf.GradientTape, got {type(tape).__name__}")
+        require_instance("tape", tape, tf.GradientTape, "a tf.GradientTape")
         self.tape = tape
         self.compression = compression
         self.op = op
@@ -171,6 +171,8 @@ class LinearScalingWarmup(keras.optimizers.schedules.LearningRateSchedule):
         if world_size is None:
             collectives.require_initialized("LinearScalingWarmup (world_size=None means size())")
             world_size = size()
+        elif collectives.horovod().is_initialized():  # not when deserialised for evaluation
+            require_same_world_size(world_size, size(), "hvtf.size()")
         self.schedule = LinearScalingSchedule(
             base_lr=base_lr, batch_size_per_worker=batch_size_per_worker, workers=world_size,
             steps_per_epoch=steps_per_epoch, base_batch_size=base_batch_size,

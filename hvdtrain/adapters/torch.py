@@ -84,6 +84,12 @@ from hvdtrain.schedule import (
     DEFAULT_WARMUP_EPOCHS,
     LinearScalingSchedule,
 )
+from hvdtrain.validation import (
+    require_instance,
+    require_positive_int,
+    require_root_rank,
+    require_same_world_size,
+)
 
 __all__ = [
     "Adasum",
@@ -295,11 +301,10 @@ def DistributedOptimizer(
     not synchronize again.
     """
     _require_initialized("DistributedOptimizer")
+    require_instance("optimizer", optimizer, torch.optim.Optimizer,
+                     "a torch.optim.Optimizer, e.g. torch.optim.SGD(model.parameters(), lr=0.1)")
     compression_name = _compression_name(compression)
-    if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
-            or backward_passes_per_step < 1:
-        raise ValueError(f"backward_passes_per_step must be an int >= 1, "
-                         f"got {backward_passes_per_step!r}")
+    require_positive_int("backward_passes_per_step", backward_passes_per_step)
     if op not in (Average, Sum, Adasum):
         raise ValueError("op must be hvt.Average, hvt.Sum or hvt.Adasum")
     if compression_name == "bf16" and groups is not None:
@@ -462,11 +467,8 @@ class LinearScalingWarmup(torch.optim.lr_scheduler.LRScheduler):
         if world_size is None:
             _require_initialized("LinearScalingWarmup (world_size=None means Horovod's size)")
             world_size = _hvd.size()
-        elif _hvd.is_initialized() and world_size != _hvd.size():
-            raise ValueError(
-                f"world_size={world_size} contradicts the launcher's {_hvd.size()} workers "
-                "(hvt.size()); leave world_size=None to use the launcher's"
-            )
+        elif _hvd.is_initialized():
+            require_same_world_size(world_size, _hvd.size(), "hvt.size()")
         self._schedule_arguments = dict(
             batch_size_per_worker=batch_size_per_worker, workers=world_size,
             steps_per_epoch=steps_per_epoch, base_batch_size=base_batch_size,
@@ -475,6 +477,11 @@ class LinearScalingWarmup(torch.optim.lr_scheduler.LRScheduler):
         )
         # Validate now, with a placeholder η, so a bad argument fails here, not at step 0.
         LinearScalingSchedule(base_lr=1.0, **self._schedule_arguments)
+        rates = [group.get("initial_lr", group["lr"]) for group in optimizer.param_groups]
+        if not any(float(rate) > 0 for rate in rates):
+            raise ValueError(
+                f"every param group's learning rate is 0 ({rates}): LinearScalingWarmup scales "
+                "each group's rate (η, tuned for base_batch_size); give the optimizer that rate")
         if _hvd.is_initialized():
             raise_on_disagreement(
                 _guarded_allgather_object(self._schedule_arguments,
@@ -528,6 +535,8 @@ def broadcast_state(
     Returns the root's ``extra`` (a new dict) on every rank.
     """
     _require_initialized("broadcast_state")
+    require_instance("model", model, torch.nn.Module, "a torch.nn.Module")
+    require_root_rank(root_rank, _hvd.size())
     with watchdog.guard(f"broadcast_state from rank {root_rank}"):
         tensors = {name: t.data for name, t in chain(model.named_parameters(),
                                                        model.named_buffers())}
@@ -607,6 +616,7 @@ def verify_replicas(model: torch.nn.Module,
             and the first tensor where they do.
     """
     _require_initialized("verify_replicas")
+    require_instance("model", model, torch.nn.Module, "a torch.nn.Module")
     tree: dict[str, Any] = {"model": dict(chain(model.named_parameters(),
                                                 model.named_buffers()))}
     if optimizer is not None:
@@ -740,8 +750,16 @@ def average_metrics(metrics: Mapping[str, float | torch.Tensor]) -> dict[str, fl
         logs = hvt.average_metrics({"loss": total_loss / batches, "accuracy": accuracy})
     """
     _require_initialized("average_metrics")
-    mine = {key: float(value) for key, value in metrics.items()}
+    mine = {key: _metric_value(key, value) for key, value in metrics.items()}
     return average_by_key(_guarded_allgather_object(mine, "hvdtrain.metrics"))
+
+
+def _metric_value(key: str, value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"average_metrics: metric {key!r} must be a number or a one-element "
+                        f"tensor, got {value!r}") from None
 
 
 def distributed_sampler(dataset: torch.utils.data.Dataset, *, shuffle: bool = True,
@@ -754,6 +772,7 @@ def distributed_sampler(dataset: torch.utils.data.Dataset, *, shuffle: bool = Tr
     divide evenly, a few examples are repeated so every rank has as many batches.
     """
     _require_initialized("distributed_sampler")
+    require_instance("seed", seed, int, "an int (the same on every rank)")
     return torch.utils.data.distributed.DistributedSampler(
         dataset, num_replicas=_hvd.size(), rank=_hvd.rank(), shuffle=shuffle, seed=seed
     )

@@ -131,7 +131,7 @@ def test_ranks_that_start_differently_are_stopped_before_the_first_step(keras_ru
 
 @pytest.mark.parametrize(("arguments", "message"), [
     ({"compression": "int8"}, "compression must be None, 'fp16' or 'bf16'"),
-    ({"backward_passes_per_step": 0}, "backward_passes_per_step must be an int >= 1"),
+    ({"backward_passes_per_step": 0}, "backward_passes_per_step must be an int > 0"),
     ({"op": hvk.Sum + 100}, "op must be Average or Sum"),
 ])
 def test_distributed_optimizer_rejects_bad_arguments(arguments, message):
