@@ -6,7 +6,7 @@ PYTHON := $(VENV)/bin/python
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: setup demo test lint doctor
+.PHONY: setup demo test lint doctor bench
 
 setup:
 	bash scripts/setup.sh
@@ -22,3 +22,8 @@ test: lint
 
 doctor: setup
 	$(VENV)/bin/hvdtrain doctor
+
+# The benchmarks of README.md's "Benchmarks" (about 30 min on 2 cores): results and
+# plots go to benchmarks/results/.
+bench: setup
+	$(PYTHON) benchmarks/run.py

@@ -1,11 +1,11 @@
-"""Runs on every rank: step time of hvdtrain's DistributedOptimizer against raw Horovod's.
+"""Step time of hvdtrain's PyTorch DistributedOptimizer against raw Horovod's, on every
+rank: ``python overhead_worker.py ROUNDS STEPS``.
 
-``python overhead_worker.py ROUNDS STEPS OUT.json``. Three copies of the same MLP,
-wrapped by ``horovod.torch.DistributedOptimizer``, by
-``hvdtrain.adapters.torch.DistributedOptimizer`` (default: with the non-finite check)
-and by the latter with ``check_nonfinite=False``, train in rotation (A B C, B C A, ...)
-for ROUNDS rounds of STEPS timed steps each, one compute thread per rank. Rank 0
-writes each round's median step time per contender to OUT.json.
+Three copies of the MLP (models.py), wrapped by ``horovod.torch.DistributedOptimizer``,
+by ``hvdtrain.adapters.torch.DistributedOptimizer`` (default: with the non-finite
+check) and by the latter with ``check_nonfinite=False``, train in rotation (A B C,
+B C A, ...) for ROUNDS rounds of STEPS timed steps each, one compute thread per rank.
+Rank 0 prints ``RESULT {json}`` with each round's median step time per contender.
 """
 
 import json
@@ -15,23 +15,16 @@ import time
 
 import horovod.torch as hvd
 import torch
+from common import rotated
+from models import BATCH_PER_WORKER, make_batch, make_model
 
 import hvdtrain.adapters.torch as hvt
 
-ROUNDS, STEPS, OUT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-BATCH, WIDTH, WARMUP_STEPS = 64, 512, 3
-
-
-def make_model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(784, WIDTH), torch.nn.ReLU(), torch.nn.Linear(WIDTH, WIDTH),
-        torch.nn.ReLU(), torch.nn.Linear(WIDTH, 10),
-    )
+WARMUP_STEPS = 3
 
 
 def contender(wrap):
-    model = make_model()
+    model = make_model("mlp")
     optimizer = wrap(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
                      model.named_parameters())
     return model, optimizer
@@ -49,11 +42,10 @@ def step_times(model, optimizer, x, y, steps: int) -> list[float]:
 
 
 def main() -> None:
+    rounds, steps = int(sys.argv[1]), int(sys.argv[2])
     torch.set_num_threads(1)
     hvt.init()
-    generator = torch.Generator().manual_seed(hvt.rank())
-    x = torch.randn(BATCH, 784, generator=generator)
-    y = torch.randint(0, 10, (BATCH,), generator=generator)
+    x, y = make_batch("mlp", hvt.rank())
     contenders = {
         "horovod": contender(lambda o, n: hvd.DistributedOptimizer(o, named_parameters=n)),
         "hvdtrain": contender(lambda o, n: hvt.DistributedOptimizer(o, n)),
@@ -62,17 +54,15 @@ def main() -> None:
     }
     names = list(contenders)
     medians = {name: [] for name in contenders}
-    for round_number in range(ROUNDS):
-        shift = round_number % len(names)  # A B C, B C A, C A B: none always goes first
-        for name in names[shift:] + names[:shift]:
+    for round_number in range(rounds):
+        for name in rotated(names, round_number):
             model, optimizer = contenders[name]
             step_times(model, optimizer, x, y, WARMUP_STEPS)
-            medians[name].append(statistics.median(step_times(model, optimizer, x, y, STEPS)))
+            medians[name].append(statistics.median(step_times(model, optimizer, x, y, steps)))
     if hvt.rank() == 0:
-        with open(OUT, "w") as file:
-            json.dump({"round_medians_s": medians, "batch_per_worker": BATCH,
-                       "model": f"MLP 784-{WIDTH}-{WIDTH}-10", "steps_per_round": STEPS,
-                       "workers": hvt.size()}, file)
+        print("RESULT " + json.dumps({"round_medians_s": medians, "model": "MLP 784-512-512-10",
+                                      "batch_per_worker": BATCH_PER_WORKER["mlp"],
+                                      "workers": hvt.size()}), flush=True)
 
 
 if __name__ == "__main__":

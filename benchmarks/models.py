@@ -1,0 +1,50 @@
+"""The PyTorch models and synthetic batches the benchmarks train (all seeded).
+
+- ``mlp``: 784-512-512-10 on 64 examples per worker (the overhead and DDP model).
+- ``conv``: a small conv net on 32x32x3 images, 32 per worker: little to allreduce
+  (56 k parameters) for much compute (compute-heavy).
+- ``wide``: 12 fully connected 1024x1024 layers on 16 examples per worker: 12.6 M
+  parameters in 26 tensors for little compute (communication-heavy).
+"""
+
+from __future__ import annotations
+
+import torch
+
+BATCH_PER_WORKER = {"mlp": 64, "conv": 32, "wide": 16}
+
+
+def make_model(name: str) -> torch.nn.Module:
+    """A fresh ``name`` model with the same initial weights on every rank."""
+    torch.manual_seed(0)
+    if name == "mlp":
+        return torch.nn.Sequential(
+            torch.nn.Linear(784, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+            torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    if name == "conv":
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(),
+            torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    if name == "wide":
+        layers: list[torch.nn.Module] = [torch.nn.Linear(784, 1024), torch.nn.ReLU()]
+        for _ in range(11):
+            layers += [torch.nn.Linear(1024, 1024), torch.nn.ReLU()]
+        return torch.nn.Sequential(*layers, torch.nn.Linear(1024, 10))
+    raise ValueError(f"unknown model {name!r}; choose from {sorted(BATCH_PER_WORKER)}")
+
+
+def make_batch(name: str, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's synthetic batch for ``name`` (different on every rank)."""
+    generator = torch.Generator().manual_seed(1000 + rank)
+    batch = BATCH_PER_WORKER[name]
+    shape = (batch, 3, 32, 32) if name == "conv" else (batch, 784)
+    return (torch.randn(*shape, generator=generator),
+            torch.randint(0, 10, (batch,), generator=generator))
+
+
+def parameter_count(model: torch.nn.Module) -> tuple[int, int]:
+    """(number of parameters, number of parameter tensors)."""
+    parameters = list(model.parameters())
+    return sum(p.numel() for p in parameters), len(parameters)

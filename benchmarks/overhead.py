@@ -1,0 +1,58 @@
+"""Benchmark 1, wrapper overhead: hvdtrain's optimizers against the least a user would
+write on raw Horovod, on the same model, 2 ranks, Gloo and MPI.
+
+- PyTorch: ``hvdtrain.adapters.torch.DistributedOptimizer`` (default, and with
+  ``check_nonfinite=False``) against ``horovod.torch.DistributedOptimizer``
+  (overhead_worker.py).
+- Keras 3: ``hvk.DistributedOptimizer`` against an SGD whose ``apply`` does one
+  grouped allreduce (keras_overhead_worker.py).
+
+The contenders alternate within one launch; the ratio is the median of the round
+ratios. Target: ≤ 1.01.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from common import bar_chart, horovod_result, median, median_ratio, progress, write_result
+
+from hvdtrain.launch import CONTROLLERS
+
+TARGET_RATIO = 1.01
+BASELINES = {"torch": "horovod", "keras": "allreduce_in_apply"}
+WORKERS = {"torch": "overhead_worker.py", "keras": "keras_overhead_worker.py"}
+
+
+def run(folder: Path, smoke: bool) -> dict:
+    rounds, steps = (2, 3) if smoke else (9, 40)
+    entries = []
+    for framework, worker in WORKERS.items():
+        for controller in CONTROLLERS[:1] if smoke else CONTROLLERS:
+            progress(f"overhead: {framework} over {controller}, {rounds} alternating rounds "
+                     f"of {steps} steps")
+            measured = horovod_result(worker, [str(rounds), str(steps)], controller=controller)
+            rounds_s = measured["round_medians_s"]
+            baseline = BASELINES[framework]
+            entry = {"framework": framework, "controller": controller, "baseline": baseline,
+                     **measured,
+                     "median_step_s": {name: median(v) for name, v in rounds_s.items()},
+                     "median_ratio": {name: median_ratio(v, rounds_s[baseline])
+                                      for name, v in rounds_s.items() if name != baseline}}
+            entries.append(entry)
+            progress("  " + ", ".join(f"{name} ratio {ratio:.3f}"
+                                      for name, ratio in entry["median_ratio"].items()))
+    bar_chart(folder / "overhead.png", "hvdtrain's step time / the raw-Horovod baseline's",
+              {f"{e['framework']}\n{e['controller']}": e["median_ratio"]["hvdtrain"]
+               for e in entries}, "median ratio", reference=("target 1.01", TARGET_RATIO))
+    write_result(folder, "overhead", {"rounds": rounds, "steps_per_round": steps,
+                                      "threads_per_rank": 1, "workers": 2},
+                 {"target_ratio": TARGET_RATIO, "entries": entries})
+    return {"entries": entries}
+
+
+def targets(summary: dict) -> list[tuple[str, bool]]:
+    """(description, met) for the benchmark's targets."""
+    return [(f"{e['framework']} over {e['controller']}: hvdtrain / {e['baseline']} = "
+             f"{e['median_ratio']['hvdtrain']:.3f} (target <= {TARGET_RATIO})",
+             e["median_ratio"]["hvdtrain"] <= TARGET_RATIO) for e in summary["entries"]]
