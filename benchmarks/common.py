@@ -86,6 +86,22 @@ def torchrun_result(script: str, args: Sequence[str] = (), *, np: int = 2,
     return parse_result(done.stdout, script)
 
 
+def concurrent_results(script: str, args: Sequence[str], copies: int,
+                       timeout: float = 900) -> list[dict[str, Any]]:
+    """Run ``copies`` independent single-process copies of ``benchmarks/<script>`` at
+    the same time (no launcher, so no communication); each one's RESULT."""
+    command = [sys.executable, str(HERE / script), *args]
+    processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env={**os.environ, **ONE_THREAD})
+                 for _ in range(copies)]
+    outputs = [process.communicate(timeout=timeout) for process in processes]
+    for process, (_, stderr) in zip(processes, outputs, strict=True):
+        if process.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)} exited {process.returncode}:\n"
+                               f"{stderr[-3000:]}")
+    return [parse_result(stdout, script) for stdout, _ in outputs]
+
+
 def interleaved(contenders: Mapping[str, Callable[[], Any]], rounds: int,
                 label: str) -> dict[str, list[Any]]:
     """Run every contender once per round, rotating the order (A B C, B C A, ...) so that

@@ -177,7 +177,7 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int = 0) -> None:
 
 def check_ranks_agree(facts: Mapping[str, Any], where: str) -> None:
     """Raise RankDisagreementError on every rank unless every rank has the same ``facts``."""
-    raise_on_disagreement(_allgather_object(dict(facts), "hvdtrain.agreement"), where)
+    raise_on_disagreement(_guarded_allgather_object(dict(facts), "hvdtrain.agreement"), where)
 
 
 def verify_variables(named_variables: Sequence[tuple[str, Any]]) -> None:
@@ -190,17 +190,17 @@ def verify_variables(named_variables: Sequence[tuple[str, Any]]) -> None:
     mine = checksums((key, ops.convert_to_numpy(v))
                      for key, (_, v) in zip(keys, named_variables, strict=True))
     labels = {key: name for key, (name, _) in zip(keys, named_variables, strict=True)}
-    raise_on_mismatch(_allgather_object(mine, "hvdtrain.replica_checksums"), labels)
+    raise_on_mismatch(_guarded_allgather_object(mine, "hvdtrain.replica_checksums"), labels)
 
 
 def average_numbers(values: Mapping[str, float]) -> dict[str, float]:
     """The mean of each named number over all ranks, identical on every rank
     (:func:`hvdtrain.consistency.average_by_key`: different names raise ValueError)."""
     mine = {key: float(value) for key, value in values.items()}
-    return average_by_key(_allgather_object(mine, "hvdtrain.metrics"))
+    return average_by_key(_guarded_allgather_object(mine, "hvdtrain.metrics"))
 
 
-def _allgather_object(value: Any, name: str) -> list[Any]:
+def _guarded_allgather_object(value: Any, name: str) -> list[Any]:
     """Horovod's ``allgather_object`` under the watchdog (:mod:`hvdtrain.watchdog`)."""
     with watchdog.guard(f"the allgather of {name}"):
         return horovod().allgather_object(value, name=name)
