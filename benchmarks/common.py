@@ -13,6 +13,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -153,14 +154,14 @@ def bar_chart(path: Path, title: str, bars: Mapping[str, float], ylabel: str,
               reference: tuple[str, float] | None = None) -> Path:
     """A bar chart of ``bars`` (label -> value) with an optional horizontal reference line."""
     plt = pyplot()
-    figure, axes = plt.subplots(figsize=(max(5.0, 1.3 * len(bars)), 4))
-    axes.bar(list(bars), list(bars.values()), color="tab:blue")
+    figure, axes = plt.subplots(figsize=(max(5.0, 1.8 * len(bars)), 4.5))
+    axes.bar([textwrap.fill(label, 16) for label in bars], list(bars.values()),
+             color="tab:blue")
     if reference:
         axes.axhline(reference[1], color="tab:red", linestyle="--", label=reference[0])
         axes.legend()
     axes.set_title(title)
     axes.set_ylabel(ylabel)
-    axes.tick_params(axis="x", labelrotation=20)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

@@ -85,7 +85,7 @@ def run(folder: Path, smoke: bool) -> dict:
                                  "fusion_mb": FUSION_MB, "cycle_ms": CYCLE_MS},
                  {"sweep": sweep, "best": best, "comparison": comparison})
     bar_chart(folder / "ddp.png", "Step time, MLP 784-512-512-10, 2 ranks (median)",
-              {name.replace(" (", "\n("): entry["median_step_s"] * 1e3
+              {name: entry["median_step_s"] * 1e3
                for name, entry in comparison.items()}, "ms per step")
     return {"comparison": comparison, "best": best, "best_label": best_label}
 

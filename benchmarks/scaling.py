@@ -72,7 +72,7 @@ def _plot(path: Path, models: dict) -> None:
     axes.bar([f"{n}\nallreduce wait" for n in names],
              [models[n]["allreduce_wait_share_2_ranks"] for n in names], color="tab:orange")
     axes.axhline(TARGET_EFFICIENCY, color="tab:red", linestyle="--", label="target 0.90")
-    axes.set_ylim(0, 1.05)
+    axes.set_ylim(0, 0.05 + max(1.0, *(models[n]["machine_ceiling_efficiency"] for n in names)))
     axes.set_title("2 ranks vs 1: scaling efficiency, the machine's ceiling\n"
                    "(2 independent processes) and the share of the step waiting")
     axes.legend()
