@@ -21,10 +21,10 @@ DEADLINE_SECONDS = 60
 
 
 def run_fault(mode, controller, **env):
-    """Run faults.py MODE (or, for mode "keras", keras_skip.py) and check the job ended
-    in time, non-zero, with no rank left behind."""
+    """Run faults.py MODE (or, for modes "keras" and "numpy", keras_skip.py and
+    numpy_skip.py) and check the job ended in time, non-zero, with no rank left behind."""
     started = time.monotonic()
-    worker = ("keras_skip.py",) if mode == "keras" else ("faults.py", mode)
+    worker = (f"{mode}_skip.py",) if mode in ("keras", "numpy") else ("faults.py", mode)
     result = launch(*worker, controller=controller, timeout=120, env=env)
     elapsed = time.monotonic() - started
     assert not result.timed_out and result.returncode != 0
@@ -89,6 +89,12 @@ def test_a_keras_rank_that_stops_joining_is_ended_by_the_watchdog_callback():
     assert ("waited 6 s (limit 6 s) for the gradient allreduce of training step 3 "
             "(counting train-function calls from 0); rank 1 did not complete it") \
         in result.ranks[0].output
+
+
+def test_a_numpy_rank_that_stops_joining_is_ended_by_the_watchdog():
+    result = run_fault("numpy", "mpi", HVDTRAIN_COLLECTIVE_TIMEOUT_SECONDS="6")
+    assert ("hvdtrain: rank 0 of 2 waited 6 s (limit 6 s) for the gradient Allreduce of "
+            "step 3; rank 1 did not complete it") in result.ranks[0].output
 
 
 def test_a_nonfinite_gradient_stops_every_rank_naming_the_step(controller):
