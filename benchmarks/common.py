@@ -151,8 +151,10 @@ def pyplot():
 
 
 def bar_chart(path: Path, title: str, bars: Mapping[str, float], ylabel: str,
-              reference: tuple[str, float] | None = None) -> Path:
-    """A bar chart of ``bars`` (label -> value) with an optional horizontal reference line."""
+              reference: tuple[str, float] | None = None,
+              ylim: tuple[float, float] | None = None) -> Path:
+    """A bar chart of ``bars`` (label -> value) with an optional horizontal reference line
+    and y range."""
     plt = pyplot()
     figure, axes = plt.subplots(figsize=(max(5.0, 1.8 * len(bars)), 4.5))
     axes.bar([textwrap.fill(label, 16) for label in bars], list(bars.values()),
@@ -160,6 +162,8 @@ def bar_chart(path: Path, title: str, bars: Mapping[str, float], ylabel: str,
     if reference:
         axes.axhline(reference[1], color="tab:red", linestyle="--", label=reference[0])
         axes.legend()
+    if ylim:
+        axes.set_ylim(*ylim)
     axes.set_title(title)
     axes.set_ylabel(ylabel)
     figure.tight_layout()

@@ -44,7 +44,8 @@ def run(folder: Path, smoke: bool) -> dict:
                                       for name, ratio in entry["median_ratio"].items()))
     bar_chart(folder / "overhead.png", "hvdtrain's step time / the raw-Horovod baseline's",
               {f"{e['framework']}\n{e['controller']}": e["median_ratio"]["hvdtrain"]
-               for e in entries}, "median ratio", reference=("target 1.01", TARGET_RATIO))
+               for e in entries}, "median ratio", reference=("target 1.01", TARGET_RATIO),
+              ylim=(0.9, 1.1))
     write_result(folder, "overhead", {"rounds": rounds, "steps_per_round": steps,
                                       "threads_per_rank": 1, "workers": 2},
                  {"target_ratio": TARGET_RATIO, "entries": entries})
