@@ -12,7 +12,7 @@ setup:
 	bash scripts/setup.sh
 
 demo: setup
-	$(VENV)/bin/horovodrun -np 2 --gloo $(PYTHON) examples/torch_train.py
+	$(VENV)/bin/horovodrun -np 2 --mpi $(PYTHON) examples/torch_train.py
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -1,6 +1,6 @@
 """Data-parallel ``model.fit`` on scikit-learn's digits with hvdtrain's Keras 3 adapter.
 
-Run:  horovodrun -np 2 --gloo python examples/keras_train.py
+Run:  horovodrun -np 2 --mpi python examples/keras_train.py
 
 Each worker fits its own shard of the digits (shipped inside scikit-learn; nothing is
 downloaded). The distributed optimizer averages gradients across workers; the four

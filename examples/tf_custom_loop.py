@@ -1,6 +1,6 @@
 """A TensorFlow custom training loop, data-parallel, with hvdtrain's TensorFlow adapter.
 
-Run:  horovodrun -np 2 --gloo python examples/tf_custom_loop.py
+Run:  horovodrun -np 2 --mpi python examples/tf_custom_loop.py
 
 The same job as examples/keras_train.py, written as a ``tf.function`` train step:
 DistributedGradientTape averages the gradients, the learning rate is hvdtrain's

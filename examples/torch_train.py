@@ -1,7 +1,7 @@
 """Data-parallel training of a digit classifier with hvdtrain's PyTorch adapter.
 
-Run:   horovodrun -np 2 --gloo python examples/torch_train.py
-Then:  horovodrun -np 2 --gloo python examples/torch_train.py --epochs 20 --resume
+Run:   horovodrun -np 2 --mpi python examples/torch_train.py
+Then:  horovodrun -np 2 --mpi python examples/torch_train.py --epochs 20 --resume
 
 Each worker trains on its share of every epoch's shuffle of scikit-learn's
 handwritten digits (shipped inside scikit-learn; nothing is downloaded). Gradients
