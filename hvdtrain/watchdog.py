@@ -11,7 +11,8 @@ and ends the process with exit code :data:`EXIT_CODE`; the launcher then stops t
 other ranks.
 
 The torch and NumPy adapters guard their own waits (gradient allreduces, broadcasts,
-agreement checks); Keras users add the ``hvk.callbacks.CollectiveWatchdog`` callback;
+agreement checks), as do the Keras adapters for their eager collectives; ``model.fit``
+steps need the ``hvk.CollectiveWatchdog()`` callback;
 anything else, such as a custom TensorFlow training step, can be wrapped::
 
     from hvdtrain import watchdog
