@@ -81,9 +81,15 @@ def torchrun_result(script: str, args: Sequence[str] = (), *, np: int = 2,
                str(HERE / script), *args]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **ONE_THREAD})
-    if done.returncode != 0:
+    printed = "RESULT " in done.stdout
+    if done.returncode != 0 and not printed:
         raise RuntimeError(f"{' '.join(command)} exited {done.returncode}:\n"
                            f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+    if done.returncode != 0:
+        # Seen once in CI: a rank aborted in torch's Gloo teardown after every timed
+        # step and the RESULT line were done. The measurement is complete; say so.
+        progress(f"  warning: torchrun exited {done.returncode} after printing its result "
+                 "(a crash while shutting down); the result is kept")
     return parse_result(done.stdout, script)
 
 
