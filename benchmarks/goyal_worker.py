@@ -37,11 +37,11 @@ def digits() -> tuple[torch.Tensor, ...]:
             torch.tensor(x_val, dtype=torch.float32), torch.tensor(y_val))
 
 
-def constant_warmup_lr(gradual_free: LinearScalingSchedule, eta: float, step: int) -> float:
+def constant_warmup_lr(no_warmup: LinearScalingSchedule, step: int) -> float:
     """η for the first WARMUP_EPOCHS epochs, then the no-warmup schedule (kη, decayed)."""
-    if step < WARMUP_EPOCHS * gradual_free.steps_per_epoch:
-        return eta
-    return gradual_free.lr_at(step)
+    if step < WARMUP_EPOCHS * no_warmup.steps_per_epoch:
+        return no_warmup.base_lr
+    return no_warmup.lr_at(step)
 
 
 def train(run: dict, epochs: int, milestones: list[int], data) -> dict:
@@ -61,7 +61,8 @@ def train(run: dict, epochs: int, milestones: list[int], data) -> dict:
         base_batch_size=BASE_BATCH, milestones=milestones, gamma=GAMMA,
         warmup_epochs=WARMUP_EPOCHS if run["warmup"] == "gradual" else 0)
     hvt.broadcast_state(model, optimizer, scheduler)
-    losses, step = [], 0
+    no_warmup = scheduler.schedule_for(run["eta"])
+    losses = []
     for epoch in range(epochs):
         order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(
             run["seed"] * 1000 + epoch))
@@ -71,14 +72,12 @@ def train(run: dict, epochs: int, milestones: list[int], data) -> dict:
             mine = rows[hvt.rank() * per_worker:(hvt.rank() + 1) * per_worker]
             if run["warmup"] == "constant":
                 for group in optimizer.param_groups:
-                    group["lr"] = constant_warmup_lr(scheduler.schedule_for(run["eta"]),
-                                                     run["eta"], step)
+                    group["lr"] = constant_warmup_lr(no_warmup, epoch * steps_per_epoch + batch)
             optimizer.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(x_train[mine]), y_train[mine])
             loss.backward()
             optimizer.step()
             scheduler.step()
-            step += 1
             epoch_loss += loss.item()
         losses.append(hvt.average_metrics({"loss": epoch_loss / steps_per_epoch})["loss"])
     with torch.no_grad():
