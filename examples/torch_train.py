@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 import hvdtrain.adapters.torch as hvt
+from hvdtrain.runtime import under_launcher
 
 
 def parse_args() -> argparse.Namespace:
@@ -53,11 +53,13 @@ def digits(seed: int) -> tuple[torch.utils.data.TensorDataset, torch.Tensor, tor
 
 
 class Progress:
-    """A progress bar for rank 0: redrawn in place on a terminal, in quarters otherwise."""
+    """Rank 0's progress through an epoch, on stdout with the epoch lines (so that the two
+    never interleave out of order): redrawn in place on a terminal; in quarters, one
+    line each, under a launcher, which forwards and tags every line a rank prints."""
 
     def __init__(self, label: str, total: int, enabled: bool) -> None:
         self.label, self.total, self.enabled = label, total, enabled
-        self.in_place = enabled and sys.stderr.isatty()
+        self.in_place = enabled and sys.stdout.isatty() and not under_launcher()
         self.next_quarter = 1
 
     def update(self, done: int, loss: float) -> None:
@@ -66,12 +68,12 @@ class Progress:
         if self.in_place:
             filled = 30 * done // self.total
             bar = "#" * filled + "." * (30 - filled)
-            end = "\n" if done == self.total else ""
-            print(f"\r{self.label} [{bar}] {done}/{self.total} loss {loss:.4f}", end=end,
-                  file=sys.stderr, flush=True)
+            end = "\r" if done < self.total else "\r" + " " * 80 + "\r"
+            print(f"{self.label} [{bar}] {done}/{self.total} loss {loss:.4f}", end=end,
+                  flush=True)
         elif done * 4 >= self.next_quarter * self.total and done < self.total:
             print(f"{self.label} {25 * self.next_quarter}% ({done}/{self.total} batches) "
-                  f"loss {loss:.4f}", file=sys.stderr, flush=True)
+                  f"loss {loss:.4f}", flush=True)
             self.next_quarter += 1
 
 
@@ -84,13 +86,6 @@ def evaluate(model: torch.nn.Module, x_test: torch.Tensor, y_test: torch.Tensor)
     counts = torch.tensor([float(correct), float(len(y_test[shard]))], dtype=torch.float64)
     total_correct, total = hvt.allreduce(counts, op=hvt.Sum, name="test_accuracy").tolist()
     return total_correct / total
-
-
-def parameter_checksum(model: torch.nn.Module) -> str:
-    crc = 0
-    for p in model.parameters():
-        crc = zlib.crc32(p.detach().contiguous().view(-1).view(torch.uint8).numpy(), crc)
-    return f"{crc:08x}"
 
 
 def main() -> int:
@@ -155,7 +150,7 @@ def main() -> int:
                   f"train loss {train_loss:.4f}  test accuracy {accuracy:.4f}  "
                   f"({time.monotonic() - started:.1f} s, replicas identical)", flush=True)
     if is_root:
-        print(f"final parameter checksum {parameter_checksum(model)}; "
+        print(f"final state fingerprint {hvt.state_fingerprint(model, optimizer)}; "
               f"checkpoint {args.checkpoint}", flush=True)
     hvt.shutdown()
     return 0

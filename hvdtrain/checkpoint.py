@@ -1,5 +1,7 @@
 """Crash-safe checkpoint files, framework-free.
 
+Each adapter's checkpoint format lives with the adapter (the torch one in
+:mod:`hvdtrain.adapters.torch.checkpoint`); this module holds what they share.
 :func:`atomic_write` is what every adapter's ``save_checkpoint`` writes through: the
 bytes go to a temporary file in the destination's folder, are flushed and fsynced,
 and only then renamed over the destination (an atomic step on POSIX file systems),
@@ -52,6 +54,22 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
             os.unlink(temporary)
         raise
     _fsync_folder(folder)
+
+
+def require_checkpoint_file(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a Path, after checking that it is a non-empty file.
+
+    Raises:
+        FileNotFoundError: when there is no file at ``path``.
+        ValueError: when the file is empty (never the result of :func:`atomic_write`).
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"{file} does not exist (or is not a file)")
+    if file.stat().st_size == 0:
+        raise ValueError(f"{file} is empty (0 bytes); it was not written by save_checkpoint, "
+                         "whose writes are atomic")
+    return file
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     schedule.add_argument("--base-lr", type=float, required=True,
                           help="eta, the learning rate tuned for --base-batch-size")
     schedule.add_argument("--batch-size-per-worker", type=int, required=True)
-    schedule.add_argument("--workers", type=int, required=True)
+    schedule.add_argument("--world-size", "--workers", dest="world_size", type=int,
+                          required=True, help="number of workers (Horovod's size())")
     schedule.add_argument("--steps-per-epoch", type=int, required=True)
     schedule.add_argument("--epochs", type=int, required=True)
     schedule.add_argument("--base-batch-size", type=int, default=DEFAULT_BASE_BATCH_SIZE)
@@ -71,7 +72,7 @@ def print_schedule(args: argparse.Namespace) -> int:
     schedule = LinearScalingSchedule(
         base_lr=args.base_lr,
         batch_size_per_worker=args.batch_size_per_worker,
-        workers=args.workers,
+        world_size=args.world_size,
         steps_per_epoch=args.steps_per_epoch,
         base_batch_size=args.base_batch_size,
         warmup_epochs=args.warmup_epochs,
@@ -85,7 +86,7 @@ def print_schedule(args: argparse.Namespace) -> int:
                          "--warmup-epochs or train longer")
     rows = schedule.epoch_table(args.epochs)
     print(f"global batch {schedule.global_batch_size} = {args.batch_size_per_worker} per worker"
-          f" x {args.workers} workers x {args.backward_passes_per_step} accumulation steps; "
+          f" x {args.world_size} workers x {args.backward_passes_per_step} accumulation steps; "
           f"k = {schedule.scale:g}; target LR k*eta = {schedule.target_lr:g}; "
           f"warmup {schedule.warmup_steps} steps")
     print(f"{'epoch':>5}  {'steps':>13}  {'LR at first step':>16}  {'LR at last step':>16}")

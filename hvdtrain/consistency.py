@@ -1,8 +1,8 @@
 """Do the ranks agree on how they train? Framework-free comparison of per-rank facts.
 
 Adapters gather a small dict of facts from every rank (optimizer class, number of
-param groups, per-worker batch size, versions, ...) with Horovod's
-``allgather_object`` and call :func:`raise_on_disagreement`, so that a mismatch
+param groups, per-worker batch size, versions, ...) with :func:`check_ranks_agree`,
+which compares them with :func:`raise_on_disagreement`, so that a mismatch
 stops every rank before the first step with the rank, the field and both values,
 instead of hanging or silently training something else.
 
@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import importlib.metadata
 import platform
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import hvdtrain
+from hvdtrain.watchdog import watched_allgather
 
 
 class RankDisagreementError(ValueError):
@@ -50,6 +51,38 @@ def first_disagreement(facts_by_rank: Sequence[Mapping[str, Any]]) -> str | None
     return None
 
 
+def first_parameter_difference(specs_by_rank: Sequence[Sequence[tuple[str, Any, Any]]]
+                               ) -> str | None:
+    """None when every rank lists the same parameters as rank 0, else the first difference.
+
+    Args:
+        specs_by_rank: per rank, ``(name, shape, dtype)`` of each parameter, in order.
+
+    Returns:
+        None, or a sentence naming the rank, the parameter and both values.
+    """
+    reference = specs_by_rank[0]
+    reference_by_name = {name: (shape, dtype) for name, shape, dtype in reference}
+    for other_rank, specs in enumerate(specs_by_rank[1:], start=1):
+        by_name = {name: (shape, dtype) for name, shape, dtype in specs}
+        for name, (shape, dtype) in reference_by_name.items():
+            if name not in by_name:
+                return f"rank {other_rank} has no parameter {name!r}, which rank 0 has"
+            other_shape, other_dtype = by_name[name]
+            if other_shape != shape:
+                return (f"parameter {name!r} has shape {shape} on rank 0 "
+                        f"but {other_shape} on rank {other_rank}")
+            if other_dtype != dtype:
+                return (f"parameter {name!r} has dtype {dtype} on rank 0 "
+                        f"but {other_dtype} on rank {other_rank}")
+        extra = [name for name in by_name if name not in reference_by_name]
+        if extra:
+            return f"rank {other_rank} has parameter {extra[0]!r}, which rank 0 lacks"
+        if [spec[0] for spec in specs] != [spec[0] for spec in reference]:
+            return f"rank {other_rank} lists the parameters in a different order than rank 0"
+    return None
+
+
 def raise_on_disagreement(facts_by_rank: Sequence[Mapping[str, Any]], where: str) -> None:
     """Raise :class:`RankDisagreementError` (on every rank) unless all ranks agree."""
     problem = first_disagreement(facts_by_rank)
@@ -60,19 +93,16 @@ def raise_on_disagreement(facts_by_rank: Sequence[Mapping[str, Any]], where: str
         )
 
 
-def average_by_key(values_by_rank: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """The mean over ranks of each named number (as gathered from every rank).
+def check_ranks_agree(allgather: Callable[[Any, str], list[Any]], facts: Mapping[str, Any],
+                      where: str, name: str = "hvdtrain.agreement") -> None:
+    """Gather every rank's ``facts`` and raise :class:`RankDisagreementError` on every
+    rank unless they all equal rank 0's.
 
-    Raises ValueError when the ranks report different names, for example validation
-    metrics on one rank only, the classic cause of Horovod hangs.
+    Args:
+        allgather: the adapter's object allgather, ``allgather(value, name) -> list``
+            (run under :func:`hvdtrain.watchdog.watched_allgather`).
+        facts: this rank's settings, e.g. ``{"batch_size_per_worker": 32}``.
+        where: the function or class checking, for the message.
+        name: the collective's name, the same on every rank.
     """
-    keys = sorted(values_by_rank[0])
-    for rank, values in enumerate(values_by_rank[1:], start=1):
-        if sorted(values) != keys:
-            raise ValueError(
-                f"the metrics differ between ranks: {keys} on rank 0 but {sorted(values)} on "
-                f"rank {rank}; every rank must report the same metrics (give every rank "
-                "validation data, or none)"
-            )
-    return {key: sum(values[key] for values in values_by_rank) / len(values_by_rank)
-            for key in keys}
+    raise_on_disagreement(watched_allgather(allgather, dict(facts), name), where)

@@ -40,6 +40,14 @@ def checksums(named_arrays: Mapping[str, np.ndarray] | Iterable[tuple[str, np.nd
     return [(name, array_checksum(np.asarray(array))) for name, array in items]
 
 
+def fingerprint(named_arrays: Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]]
+                ) -> str:
+    """One short digest of :func:`checksums`, for a log line: two replicas print the
+    same fingerprint when their arrays are bit-identical (and, but for crc32's rare
+    collisions, only then)."""
+    return f"{zlib.crc32(repr(checksums(named_arrays)).encode()):08x}"
+
+
 def first_mismatch(by_rank: Sequence[Checksums],
                    labels: Mapping[str, str] | None = None) -> str | None:
     """None when every rank's checksums equal rank 0's, else what differs and where.

@@ -9,10 +9,9 @@ after :data:`RUNTIME_DEFAULTS` ``HOROVOD_STALL_CHECK_TIME_SECONDS`` and a shutdo
 with ``horovodrun --stall-check-warning-time-seconds N
 --stall-check-shutdown-time-seconds M``; ``--no-stall-check`` turns the check off.
 
-Horovod runs its check once per check time, so under MPI a stalled tensor is reported
-10-20 s after it stalls; its shutdown comes later than the setting (measured: after
-more than 45 s with 30 s), so :mod:`hvdtrain.watchdog` (45 s) usually ends the job.
-Under Gloo the check never runs, and only the watchdog does.
+Horovod runs its check once per check time and its shutdown comes later than the
+setting, so :mod:`hvdtrain.watchdog` usually ends the job; under Gloo the check never
+runs, and only the watchdog does. README.md ("When things go wrong") has the timings.
 """
 
 from __future__ import annotations
@@ -29,17 +28,19 @@ RUNTIME_DEFAULTS = {
 }
 # Read by mpirun (and so by `horovodrun --mpi`) itself, so they must be in the
 # launcher's environment: `eval "$(hvdtrain env)"` puts them there. Open MPI's daemons
-# talk over TCP links that by default notice a dead network after 8 minutes (keepalive
-# 300 s + 9 probes x 20 s); with these, mpirun sees a lost host after about 25 s and
-# ends the job ("ORTE has lost communication with a remote daemon"). A healthy but
-# quiet job is unaffected: the peer's kernel answers the probes.
+# talk over TCP links whose default keepalive notices a dead network only after
+# minutes; these make mpirun notice a lost host within a minute and end the job
+# (README, "When things go wrong"). A healthy but quiet job is unaffected: the
+# peer's kernel answers the probes.
 LAUNCHER_DEFAULTS = {
     "OMPI_MCA_oob_tcp_keepalive_time": "10",
     "OMPI_MCA_oob_tcp_keepalive_intvl": "5",
     "OMPI_MCA_oob_tcp_keepalive_probes": "3",
 }
-# This process's rank as horovodrun (Gloo), Open MPI, MPICH/Intel MPI and PMIx launchers set it.
+# This process's rank and the job's size as horovodrun (Gloo), Open MPI, MPICH/Intel MPI
+# and PMIx launchers set them.
 _LAUNCHER_RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+_LAUNCHER_SIZE_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 
 def apply_runtime_defaults() -> None:
@@ -56,10 +57,31 @@ def missing_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
 
 def launcher_rank() -> int | None:
     """This process's rank as its launcher set it (before any init), or None without one."""
-    for name in _LAUNCHER_RANK_VARIABLES:
+    return _first_set(_LAUNCHER_RANK_VARIABLES)
+
+
+def launcher_size() -> int | None:
+    """How many processes the launcher started (before any init), or None without one."""
+    return _first_set(_LAUNCHER_SIZE_VARIABLES)
+
+
+def _first_set(names: tuple[str, ...]) -> int | None:
+    for name in names:
         if name in os.environ:
             return int(os.environ[name])
     return None
+
+
+def require_initialized(initialized: bool, what: str, init_call: str) -> None:
+    """Raise RuntimeError unless the adapter has been initialised.
+
+    Args:
+        initialized: whether the adapter's ``init()`` has run.
+        what: the function or class that needs it, for the message.
+        init_call: how the user calls init, e.g. ``"hvt.init()"``.
+    """
+    if not initialized:
+        raise RuntimeError(f"{what} needs the workers connected: call {init_call} first")
 
 
 def under_launcher() -> bool:

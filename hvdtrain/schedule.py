@@ -4,7 +4,7 @@
 
 - **Linear scaling rule**: when the minibatch grows by a factor k, multiply the
   learning rate by k. Here k = global batch / base batch, where the global batch is
-  per-worker batch x workers x gradient-accumulation steps, and the base batch is the
+  per-worker batch x world size x gradient-accumulation steps, and the base batch is the
   one the learning rate η was tuned for (256 in the paper).
 - **Gradual warmup**: start at η and add a constant amount every iteration so that
   the rate reaches kη after W = warmup epochs x steps per epoch iterations:
@@ -29,7 +29,7 @@ per-worker batch size are accounted for.
 Example::
 
     >>> from hvdtrain.schedule import LinearScalingSchedule
-    >>> s = LinearScalingSchedule(base_lr=0.1, batch_size_per_worker=64, workers=8,
+    >>> s = LinearScalingSchedule(base_lr=0.1, batch_size_per_worker=64, world_size=8,
     ...                           steps_per_epoch=100)
     >>> s.scale, s.target_lr, s.warmup_steps
     (2.0, 0.2, 500)
@@ -72,7 +72,7 @@ class LinearScalingSchedule:
     Args:
         base_lr: η, the learning rate tuned for ``base_batch_size``.
         batch_size_per_worker: examples each worker sees per forward pass.
-        workers: number of data-parallel workers (Horovod's ``size()``).
+        world_size: number of data-parallel workers (Horovod's ``size()``).
         steps_per_epoch: optimizer steps per epoch.
         base_batch_size: the global batch η was tuned for (256 in the paper).
         warmup_epochs: epochs of gradual warmup (5 in the paper; 0 disables it).
@@ -87,7 +87,7 @@ class LinearScalingSchedule:
 
     base_lr: float
     batch_size_per_worker: int
-    workers: int
+    world_size: int
     steps_per_epoch: int
     base_batch_size: int = DEFAULT_BASE_BATCH_SIZE
     warmup_epochs: float = DEFAULT_WARMUP_EPOCHS
@@ -97,7 +97,7 @@ class LinearScalingSchedule:
 
     def __post_init__(self) -> None:
         require_positive_number("base_lr", self.base_lr)
-        for name in ("batch_size_per_worker", "workers", "steps_per_epoch",
+        for name in ("batch_size_per_worker", "world_size", "steps_per_epoch",
                      "base_batch_size", "backward_passes_per_step"):
             require_positive_int(name, getattr(self, name))
         if not is_finite_number(self.warmup_epochs) or self.warmup_epochs < 0:
@@ -111,7 +111,7 @@ class LinearScalingSchedule:
     @property
     def global_batch_size(self) -> int:
         """Examples per optimizer step over all workers and accumulation steps."""
-        return self.batch_size_per_worker * self.workers * self.backward_passes_per_step
+        return self.batch_size_per_worker * self.world_size * self.backward_passes_per_step
 
     @property
     def scale(self) -> float:

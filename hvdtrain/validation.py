@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+COMPRESSIONS = (None, "fp16", "bf16")
+
 
 def is_finite_number(value: object) -> bool:
     """True for a finite int or float (bool excluded)."""
@@ -56,3 +58,9 @@ def require_instance(name: str, value: Any, expected: type | tuple[type, ...],
     what to pass instead."""
     if not isinstance(value, expected):
         raise TypeError(f"{name} must be {hint}, got {type(value).__name__}")
+
+
+def require_compression(compression: object) -> None:
+    """Raise ValueError unless ``compression`` is one of :data:`COMPRESSIONS`."""
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"compression must be None, 'fp16' or 'bf16', got {compression!r}")

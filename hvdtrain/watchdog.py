@@ -22,10 +22,10 @@ anything else, such as a custom TensorFlow training step, can be wrapped::
 
 The limit is ``HVDTRAIN_COLLECTIVE_TIMEOUT_SECONDS`` (default 45; ``0`` turns the
 watchdog off). It must exceed the longest time one rank can legitimately wait for the
-others, e.g. while rank 0 alone evaluates or writes a checkpoint. It is longer than
-Horovod's stall warning with hvdtrain's defaults (10-20 s), so that under MPI
-Horovod's report of the missing ranks comes first, and short enough that a stalled
-job ends within a minute of launch.
+others, e.g. while rank 0 alone evaluates or writes a checkpoint. The default is
+longer than Horovod's stall check with hvdtrain's defaults (:mod:`hvdtrain.runtime`), so
+that under MPI Horovod's report of the missing ranks comes first, and short enough
+that a stalled job ends within a minute (README, "When things go wrong").
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import TextIO
+from typing import Any, TextIO
 
 TIMEOUT_VARIABLE = "HVDTRAIN_COLLECTIVE_TIMEOUT_SECONDS"
 DEFAULT_TIMEOUT_SECONDS = 45.0
@@ -158,3 +158,21 @@ def guard(what: Description) -> AbstractContextManager[None]:
     """A context manager that counts its block as a wait for the other ranks (see the
     module docstring); does nothing when the watchdog is not running."""
     return _active.guard(what) if _active is not None else nullcontext()
+
+
+def watched_allgather(allgather: Callable[[Any, str], list[Any]], value: Any,
+                      name: str) -> list[Any]:
+    """Every rank's ``value``, gathered by ``allgather(value, name)`` (an allgather of
+    Python objects: Horovod's ``allgather_object`` or mpi4py's ``allgather``) while
+    :func:`guard` watches the wait.
+
+    Args:
+        allgather: the adapter's object allgather; ``name`` pairs it across ranks.
+        value: this rank's picklable value.
+        name: the collective's name, the same on every rank.
+
+    Returns:
+        The values of ranks 0, 1, ..., in rank order.
+    """
+    with guard(f"the allgather of {name}"):
+        return allgather(value, name)

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Sets up everything hvdtrain needs on a fresh Debian machine, idempotently:
-#   1. Debian packages: Open MPI (openmpi-bin, libopenmpi-dev), cmake, g++, make
+#   1. Debian packages: Open MPI (openmpi-bin, libopenmpi-dev), cmake, g++, make, patch
 #   2. a virtual environment in .venv
 #   3. pip, setuptools and wheel in it, pinned like everything else by constraints.txt
 #   4. torch, tensorflow-cpu and mpi4py: what Horovod's build compiles against
 #   5. Horovod built from its PyPI source distribution against exactly those
-#      frameworks (cached as a wheel outside the repository)
+#      frameworks, with hvdtrain's patches (scripts/patches/horovod/*.patch, each
+#      starting with a line saying why) applied first; cached as a wheel outside the
+#      repository, keyed by the versions and the patches' contents
 #   6. hvdtrain itself, editable, with its test and plot extras, and a check that
 #      Horovod's build is complete
 #
@@ -22,7 +24,8 @@ VENV="$REPO_ROOT/.venv"
 CONSTRAINTS="$REPO_ROOT/constraints.txt"
 PYTHON="${PYTHON:-python3.11}"
 CACHE_ROOT="${HVDTRAIN_CACHE:-$HOME/.cache/hvdtrain}"
-DEBIAN_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make)
+DEBIAN_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make patch)
+HOROVOD_PATCHES="$REPO_ROOT/scripts/patches/horovod"
 
 BUILD_DIR="$(mktemp -d)"  # the unpacked Horovod source; removed on exit
 trap 'rm -rf "$BUILD_DIR"' EXIT
@@ -131,6 +134,14 @@ build_horovod_wheel() {  # build_horovod_wheel OUTPUT_DIR [nccl]
     local src
     src="$(find "$work" -maxdepth 1 -type d -name 'horovod-*')"
 
+    local patch_file
+    for patch_file in "$HOROVOD_PATCHES"/*.patch; do
+        [ -e "$patch_file" ] || continue
+        note "patching: $(basename "$patch_file"): $(head -n 1 "$patch_file" | sed 's/^Why: //')"
+        patch -p1 --forward --quiet -d "$src" <"$patch_file" \
+            || die "$(basename "$patch_file") does not apply to horovod==$(pin horovod)"
+    done
+
     # xla_mpi_ops.cc (an optional XLA lowering, off at run time unless
     # HOROVOD_ENABLE_XLA_OPS=1) does not compile against TF 2.21's XLA headers.
     sed -i '/xla_mpi_ops\.cc/d' "$src/horovod/tensorflow/CMakeLists.txt"
@@ -180,8 +191,10 @@ install_horovod() {
         nccl_suffix="-nccl"
         with_nccl=1
     fi
-    local key
-    key="horovod$(pin horovod)-torch$(pin torch)-tf$(pin tensorflow-cpu)-$("$VENV/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')$nccl_suffix"
+    local key patches_digest
+    # The patches' contents are part of the key: changing one rebuilds the wheel.
+    patches_digest="$(cat "$HOROVOD_PATCHES"/*.patch 2>/dev/null | sha256sum | cut -c1-12)"
+    key="horovod$(pin horovod)-torch$(pin torch)-tf$(pin tensorflow-cpu)-$("$VENV/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')-patches$patches_digest$nccl_suffix"
     local wheel_dir="$CACHE_ROOT/wheels/$key"
     stage "Horovod $(pin horovod) with PyTorch, TensorFlow, MPI and Gloo${with_nccl:+ and NCCL} (cache: $wheel_dir)"
 

@@ -38,19 +38,53 @@ def reports(result: LaunchResult) -> list[dict]:
 
 
 class Run:
-    """A finished, successful 2-rank launch: reports by scenario and rank, saved arrays."""
+    """A finished 2-rank launch: reports by scenario and rank, saved arrays.
+
+    A test asking for a scenario that failed (tests/workers/scenarios.py reports the
+    traceback) or never reported fails with the scenario's name and why; the other
+    scenarios of the same launch are judged on their own. :meth:`require_clean`
+    checks the launch as a whole.
+    """
 
     def __init__(self, result: LaunchResult, out_dir: Path) -> None:
-        self.result, self.out_dir = result.check(), out_dir
+        self.result, self.out_dir = result, out_dir
         self.by_scenario: dict[str, dict[int, dict]] = {}
+        self.failures: dict[str, dict[int, str]] = {}
         for entry in reports(result):
-            self.by_scenario.setdefault(entry["scenario"], {})[entry["rank"]] = entry
+            if "failed" in entry:
+                self.failures.setdefault(entry["scenario"], {})[entry["rank"]] = entry["failed"]
+            else:
+                self.by_scenario.setdefault(entry["scenario"], {})[entry["rank"]] = entry
 
     def report(self, scenario: str, rank: int = 0) -> dict:
-        return self.by_scenario[scenario][rank]
+        """``scenario``'s report from ``rank``; fails the test naming the scenario when
+        there is none."""
+        found = self.by_scenario.get(scenario, {}).get(rank)
+        if found is None:
+            raise AssertionError(self._missing(scenario, rank))
+        return found
 
     def both(self, scenario: str) -> tuple[dict, dict]:
-        return self.by_scenario[scenario][0], self.by_scenario[scenario][1]
+        return self.report(scenario, 0), self.report(scenario, 1)
+
+    def require_clean(self) -> None:
+        """Fail unless every scenario ran without error and every rank exited with 0."""
+        assert not self.failures, "scenarios failed: " + "; ".join(
+            f"{name} (rank {rank}): {trace}" for name, by_rank in self.failures.items()
+            for rank, trace in by_rank.items())
+        self.result.check()
+
+    def _missing(self, scenario: str, rank: int) -> str:
+        failed = self.failures.get(scenario, {})
+        if rank in failed:
+            return f"scenario {scenario!r} failed on rank {rank}:\n{failed[rank]}"
+        others = "; ".join(f"{name} (rank {r}): {trace.strip().splitlines()[-1]}"
+                           for name, by_rank in self.failures.items()
+                           for r, trace in by_rank.items())
+        return (f"scenario {scenario!r} did not report on rank {rank}"
+                + (f"; failed scenarios: {others}" if others else "")
+                + (". The launch ended cleanly" if self.result.ok
+                   else f". The launch failed:\n{self.result.report()[-6000:]}"))
 
     def arrays(self, name: str, rank: int = 0) -> list[np.ndarray]:
         """What the worker saved with np.savez as <name>-rank<rank>.npz, in order."""

@@ -1,4 +1,5 @@
-"""hvdtrain.checkpoint.atomic_write: a crash at any point leaves a complete file."""
+"""hvdtrain.checkpoint: atomic_write (a crash at any point leaves a complete file) and the
+checks on a file to read."""
 
 import subprocess
 import sys
@@ -6,7 +7,7 @@ import textwrap
 
 import pytest
 
-from hvdtrain.checkpoint import atomic_write
+from hvdtrain.checkpoint import atomic_write, require_checkpoint_file
 
 
 def test_writes_and_replaces(tmp_path):
@@ -34,7 +35,7 @@ def test_a_hard_crash_mid_write_keeps_the_previous_file(tmp_path):
     target.write_bytes(b"previous")
     crash = textwrap.dedent(f"""
         import os
-        from hvdtrain.checkpoint import atomic_write
+        from hvdtrain.checkpoint import atomic_write, require_checkpoint_file
         with atomic_write({str(target)!r}) as file:
             file.write(b"half of the new")
             file.flush()
@@ -50,3 +51,13 @@ def test_a_missing_folder_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"), \
             atomic_write(tmp_path / "nope" / "state.bin"):
         pass
+
+
+def test_a_checkpoint_to_read_must_exist_and_hold_bytes(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"missing\.pt does not exist"):
+        require_checkpoint_file(tmp_path / "missing.pt")
+    (tmp_path / "empty.pt").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"empty.pt is empty \(0 bytes\)"):
+        require_checkpoint_file(tmp_path / "empty.pt")
+    (tmp_path / "full.pt").write_bytes(b"x")
+    assert require_checkpoint_file(str(tmp_path / "full.pt")) == tmp_path / "full.pt"

@@ -12,7 +12,7 @@ from hvdtrain.runtime import LAUNCHER_DEFAULTS, RUNTIME_DEFAULTS
 from hvdtrain.schedule import LinearScalingSchedule
 
 SCHEDULE_ARGS = ["schedule", "--base-lr", "0.1", "--batch-size-per-worker", "32",
-                 "--workers", "16", "--steps-per-epoch", "10", "--epochs", "8",
+                 "--world-size", "16", "--steps-per-epoch", "10", "--epochs", "8",
                  "--milestones", "6,7"]
 
 
@@ -29,7 +29,7 @@ def test_schedule_table_matches_the_schedule(capsys):
     assert main(SCHEDULE_ARGS) == 0
     out = capsys.readouterr().out
     assert "k = 2" in out and "warmup 50 steps" in out
-    expected = LinearScalingSchedule(base_lr=0.1, batch_size_per_worker=32, workers=16,
+    expected = LinearScalingSchedule(base_lr=0.1, batch_size_per_worker=32, world_size=16,
                                      steps_per_epoch=10, milestones=(6, 7))
     rows = table_rows(out)
     assert sorted(rows) == list(range(8))

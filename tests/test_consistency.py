@@ -4,8 +4,9 @@ import pytest
 
 from hvdtrain.consistency import (
     RankDisagreementError,
-    average_by_key,
+    check_ranks_agree,
     first_disagreement,
+    first_parameter_difference,
     raise_on_disagreement,
     software_versions,
 )
@@ -35,8 +36,39 @@ def test_versions_name_python_hvdtrain_and_absent_packages():
     assert versions["no-such-distribution"] == "absent"
 
 
-def test_average_by_key_is_the_mean_over_ranks_and_needs_the_same_keys():
-    assert average_by_key([{"loss": 1.0, "acc": 0.5}, {"acc": 0.25, "loss": 3.0}]) == {
-        "acc": 0.375, "loss": 2.0}
-    with pytest.raises(ValueError, match=r"\['loss'\] on rank 0 but \['los'\] on rank 1"):
-        average_by_key([{"loss": 1.0}, {"los": 1.0}])
+def fake_allgather(everyone):
+    """An allgather over pretend ranks, recording the collective's name."""
+    names = []
+
+    def allgather(value, name):
+        names.append(name)
+        return [value, *everyone]
+
+    return allgather, names
+
+
+def test_check_ranks_agree_gathers_under_the_given_name_and_raises_on_a_difference():
+    allgather, names = fake_allgather([{"lr": 0.1}])
+    check_ranks_agree(allgather, {"lr": 0.1}, "Here", name="hvdtrain.test")
+    assert names == ["hvdtrain.test"]
+    allgather, _ = fake_allgather([{"lr": 0.2}])
+    with pytest.raises(RankDisagreementError, match=r"Here: the ranks disagree: lr is 0\.1 on "
+                                                    r"rank 0 but 0\.2 on rank 1"):
+        check_ranks_agree(allgather, {"lr": 0.1}, "Here")
+
+
+MODEL = [("fc.weight", (4, 3), "float64"), ("fc.bias", (4,), "float64")]
+
+
+@pytest.mark.parametrize(("other", "expected"), [
+    (MODEL, None),
+    ([("fc.weight", (5, 3), "float64"), MODEL[1]],
+     "parameter 'fc.weight' has shape (4, 3) on rank 0 but (5, 3) on rank 1"),
+    ([("fc.weight", (4, 3), "float32"), MODEL[1]],
+     "parameter 'fc.weight' has dtype float64 on rank 0 but float32 on rank 1"),
+    (MODEL[:1], "rank 1 has no parameter 'fc.bias', which rank 0 has"),
+    ([*MODEL, ("extra", (1,), "float64")], "rank 1 has parameter 'extra', which rank 0 lacks"),
+    (MODEL[::-1], "rank 1 lists the parameters in a different order than rank 0"),
+])
+def test_first_parameter_difference_names_rank_parameter_and_both_values(other, expected):
+    assert first_parameter_difference([MODEL, other]) == expected

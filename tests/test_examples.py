@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain.launch import CONTROLLERS, run_workers
+from hvdtrain.launch import CONTROLLERS, horovodrun_path, run_workers
 
 EXAMPLES = Path(__file__).parents[1] / "examples"
 EPOCH_LINE = re.compile(r"^epoch\s+(\d+)/(\d+)\s+lr ([\d.]+)\s+train loss ([\d.]+)\s+"
                         r"test accuracy ([\d.]+)")
-CHECKSUM_LINE = re.compile(r"final parameter checksum ([0-9a-f]{8})")
+CHECKSUM_LINE = re.compile(r"final state fingerprint ([0-9a-f]{8})")
 SEED_LINES = ["worker0_local_step [0.94, -0.98]", "allreduced_step [0.96, -1.01]",
               "gradient_mean [0.4, 0.1]"]
 
@@ -37,6 +37,31 @@ def test_torch_train_learns_and_only_rank_0_prints(tmp_path, controller):
     assert "replicas identical" in result.ranks[0].output
     assert "25% (" in result.ranks[0].output  # the progress line, rank 0 only
     assert result.ranks[1].output.strip() == ""
+
+
+# What TensorFlow's native start-up log looks like (absl's preamble, its CPU notes).
+TENSORFLOW_LOG = re.compile(r"absl::InitializeLog|cpu_feature_guard|oneDNN|This TensorFlow binary")
+
+
+def test_the_demo_screen_is_clean_and_its_progress_lines_whole(tmp_path):
+    """`make demo`'s own command line: no TensorFlow start-up log from the launcher (whose
+    build check imports TensorFlow; scripts/patches/horovod/0001-quiet-extension-check.patch),
+    and each progress line arrives whole, tagged once, before its epoch's result."""
+    done = subprocess.run(
+        [horovodrun_path(), "-np", "2", "--mpi", sys.executable,
+         str(EXAMPLES / "torch_train.py"), "--epochs", "2",
+         "--checkpoint", str(tmp_path / "demo.pt")],
+        capture_output=True, text=True, timeout=240, env={**os.environ})
+    assert done.returncode == 0, done.stdout + done.stderr
+    screen = (done.stdout + done.stderr).splitlines()
+    assert not [line for line in screen if TENSORFLOW_LOG.search(line)], screen[:5]
+    rank0 = [line.removeprefix("[1,0]<stdout>:") for line in done.stdout.splitlines()
+             if line.startswith("[1,0]<stdout>:")]
+    first_epoch = rank0[rank0.index(next(line for line in rank0 if EPOCH_LINE.search(line)))
+                        - 3:][:4]
+    assert [line.split(" (")[0] for line in first_epoch[:3]] == [
+        "epoch 1/2 25%", "epoch 1/2 50%", "epoch 1/2 75%"]
+    assert EPOCH_LINE.search(first_epoch[3])
 
 
 def test_torch_train_resume_matches_an_uninterrupted_run(tmp_path):

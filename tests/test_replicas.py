@@ -7,6 +7,7 @@ from hvdtrain.replicas import (
     ReplicaMismatchError,
     array_checksum,
     checksums,
+    fingerprint,
     first_mismatch,
     raise_on_mismatch,
 )
@@ -41,3 +42,12 @@ def test_different_names_or_counts_are_reported():
         [good, checksums({"b": np.zeros(1), "w": np.ones(3)})])
     assert "different number of tensors (2 on rank 0, 1)" in first_mismatch(
         [good, checksums({"w": np.ones(3)})])
+
+
+def test_fingerprint_is_equal_exactly_for_bit_identical_arrays():
+    arrays = {"w": np.arange(6.0).reshape(2, 3), "b": np.zeros(2)}
+    same = {name: array.copy() for name, array in arrays.items()}
+    assert fingerprint(arrays) == fingerprint(same)
+    same["b"][1] = 1e-300
+    assert fingerprint(arrays) != fingerprint(same)
+    assert len(fingerprint(arrays)) == 8

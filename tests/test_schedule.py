@@ -7,7 +7,7 @@ import pytest
 from hvdtrain.schedule import LinearScalingSchedule
 
 # The paper's 8k run: eta = 0.1 for 256, 8192 = 32 per worker x 256 workers.
-PAPER = dict(base_lr=0.1, batch_size_per_worker=32, workers=256, steps_per_epoch=156)
+PAPER = dict(base_lr=0.1, batch_size_per_worker=32, world_size=256, steps_per_epoch=156)
 
 
 def paper_schedule(**overrides):
@@ -67,7 +67,7 @@ def test_milestones_multiply_by_gamma_at_each_epoch_boundary():
 
 
 def test_milestone_inside_warmup_scales_the_ramp():
-    s = LinearScalingSchedule(base_lr=1.0, batch_size_per_worker=64, workers=8,
+    s = LinearScalingSchedule(base_lr=1.0, batch_size_per_worker=64, world_size=8,
                               steps_per_epoch=10, warmup_epochs=5, milestones=(2,), gamma=0.5)
     ramp = incremental_warmup(1.0, 2.0, 50)
     assert s.lr_at(19) == pytest.approx(ramp[19], rel=1e-12)
@@ -75,9 +75,9 @@ def test_milestone_inside_warmup_scales_the_ramp():
 
 
 def test_accumulation_multiplies_the_global_batch():
-    plain = LinearScalingSchedule(base_lr=0.1, batch_size_per_worker=32, workers=4,
+    plain = LinearScalingSchedule(base_lr=0.1, batch_size_per_worker=32, world_size=4,
                                   steps_per_epoch=100)
-    accumulated = LinearScalingSchedule(base_lr=0.1, batch_size_per_worker=32, workers=4,
+    accumulated = LinearScalingSchedule(base_lr=0.1, batch_size_per_worker=32, world_size=4,
                                         steps_per_epoch=100, backward_passes_per_step=4)
     assert plain.global_batch_size == 128
     assert accumulated.global_batch_size == 512
@@ -87,7 +87,7 @@ def test_accumulation_multiplies_the_global_batch():
 
 
 def test_no_ramp_when_the_global_batch_is_not_larger_than_the_base():
-    s = LinearScalingSchedule(base_lr=0.1, batch_size_per_worker=16, workers=2,
+    s = LinearScalingSchedule(base_lr=0.1, batch_size_per_worker=16, world_size=2,
                               steps_per_epoch=10, base_batch_size=64)
     assert s.scale == 0.5
     assert s.warmup_steps == 0
@@ -128,7 +128,7 @@ def test_epoch_table_rows():
         ("batch_size_per_worker", 0, "> 0"),
         ("batch_size_per_worker", -8, "> 0"),
         ("batch_size_per_worker", 2.5, "int"),
-        ("workers", 0, "> 0"),
+        ("world_size", 0, "> 0"),
         ("steps_per_epoch", 0, "> 0"),
         ("steps_per_epoch", -1, "> 0"),
         ("base_batch_size", 0, "> 0"),

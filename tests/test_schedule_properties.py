@@ -16,7 +16,7 @@ valid = st.builds(
     LinearScalingSchedule,
     base_lr=rates,
     batch_size_per_worker=st.integers(1, 4096),
-    workers=st.integers(1, 4096),
+    world_size=st.integers(1, 4096),
     steps_per_epoch=st.integers(1, 5000),
     base_batch_size=st.integers(1, 8192),
     warmup_epochs=st.floats(min_value=0, max_value=20, allow_nan=False),
@@ -60,11 +60,11 @@ bad_numbers = st.one_of(st.just(0), st.integers(max_value=0), st.just(math.nan),
                         st.just(math.inf), st.just(-math.inf), st.floats(max_value=0))
 bad_counts = st.one_of(st.integers(max_value=0), st.floats(allow_nan=True), st.just(True),
                        st.text(max_size=3), st.none())
-VALID = dict(base_lr=0.1, batch_size_per_worker=32, workers=8, steps_per_epoch=100)
+VALID = dict(base_lr=0.1, batch_size_per_worker=32, world_size=8, steps_per_epoch=100)
 
 
 @settings(max_examples=200, deadline=None)
-@given(argument=st.sampled_from(["batch_size_per_worker", "workers", "steps_per_epoch",
+@given(argument=st.sampled_from(["batch_size_per_worker", "world_size", "steps_per_epoch",
                                  "base_batch_size", "backward_passes_per_step"]),
        value=bad_counts)
 def test_every_bad_count_is_refused_by_name(argument, value):

@@ -26,7 +26,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -34,9 +33,10 @@ import numpy as np
 from mpi4py import MPI
 
 from hvdtrain import watchdog
-from hvdtrain.consistency import raise_on_disagreement, software_versions
+from hvdtrain.consistency import check_ranks_agree, software_versions
+from hvdtrain.nonfinite import PLAIN_REMEDY, NonFiniteGradientError, nonfinite_gradient_message
 from hvdtrain.replicas import ReplicaMismatchError, checksums, raise_on_mismatch
-from hvdtrain.runtime import announce_single_worker
+from hvdtrain.runtime import announce_single_worker, launcher_size, require_initialized
 from hvdtrain.schedule import (
     DEFAULT_BASE_BATCH_SIZE,
     DEFAULT_GAMMA,
@@ -46,8 +46,9 @@ from hvdtrain.schedule import (
 from hvdtrain.validation import require_instance, require_root_rank, require_same_world_size
 
 __all__ = [
-    "DistributedSGD", "LinearScalingWarmup", "ReplicaMismatchError", "allreduce_mean", "broadcast",
-    "broadcast_in_place", "init", "rank", "size", "verify_replicas",
+    "DistributedSGD", "LinearScalingWarmup", "NonFiniteGradientError", "ReplicaMismatchError",
+    "allreduce_mean", "broadcast", "broadcast_in_place", "init", "rank", "size",
+    "verify_replicas",
 ]
 
 _communicator: MPI.Comm | None = None
@@ -64,7 +65,7 @@ def init(comm: MPI.Comm | None = None) -> None:
             starts processes outside one MPI world), saying how to launch instead.
     """
     global _communicator
-    launched = int(os.environ.get("HOROVOD_SIZE", "1"))
+    launched = launcher_size() or 1
     world = MPI.COMM_WORLD.Get_size()
     if comm is None and launched > 1 and world != launched:
         raise RuntimeError(
@@ -80,8 +81,7 @@ def init(comm: MPI.Comm | None = None) -> None:
 
 
 def _comm() -> MPI.Comm:
-    if _communicator is None:
-        raise RuntimeError("call hvn.init() first")
+    require_initialized(_communicator is not None, "hvdtrain.adapters.numpy", "hvn.init()")
     return _communicator
 
 
@@ -96,9 +96,8 @@ def size() -> int:
 
 
 def _allgather(value: Any, what: str) -> list[Any]:
-    """Every rank's ``value`` (a pickled allgather), under the watchdog."""
-    with watchdog.guard(f"the allgather of {what}"):
-        return _comm().allgather(value)
+    """Every rank's ``value`` (mpi4py's pickled allgather; ``what`` describes it)."""
+    return _comm().allgather(value)
 
 
 def _contiguous(array: Any, what: str) -> np.ndarray:
@@ -109,19 +108,6 @@ def _contiguous(array: Any, what: str) -> np.ndarray:
     return np.ascontiguousarray(data)
 
 
-def _check_same_everywhere(data: np.ndarray, what: str) -> None:
-    """Raise on every rank unless every rank passes the same shape and dtype."""
-    mine = (data.shape, data.dtype.str)
-    everyone = _allgather(mine, f"{what}'s shapes and dtypes")
-    for other_rank, theirs in enumerate(everyone):
-        if theirs != everyone[0]:
-            raise ValueError(
-                f"{what}: rank 0 passes shape {everyone[0][0]} dtype {everyone[0][1]} but rank "
-                f"{other_rank} passes shape {theirs[0]} dtype {theirs[1]}; every rank must pass "
-                "arrays of the same shape and dtype"
-            )
-
-
 def allreduce_mean(array: Any) -> np.ndarray:
     """The element-wise mean of ``array`` over all workers, as a new array, on every rank.
 
@@ -130,7 +116,8 @@ def allreduce_mean(array: Any) -> np.ndarray:
     rank must pass the same shape and dtype (a mismatch raises ValueError on every rank).
     """
     data = _contiguous(array, "allreduce_mean")
-    _check_same_everywhere(data, "allreduce_mean")
+    check_ranks_agree(_allgather, {"array shape": data.shape, "array dtype": data.dtype.str},
+                      "allreduce_mean", name="allreduce_mean's shapes and dtypes")
     if not np.issubdtype(data.dtype, np.floating):
         data = data.astype(np.int64)
     total = np.empty_like(data)
@@ -194,11 +181,10 @@ class DistributedSGD:
         self.steps_taken = 0
         facts = {f"params[{i}] (shape, dtype)": (p.shape, p.dtype.str)
                  for i, p in enumerate(self.params)}
-        raise_on_disagreement(
-            _allgather({**facts, "number of parameters": len(self.params),
-                        "lr": self.lr, "momentum": self.momentum,
-                        **software_versions("numpy", "mpi4py")}, "DistributedSGD's settings"),
-            "DistributedSGD")
+        check_ranks_agree(_allgather, {**facts, "number of parameters": len(self.params),
+                                       "lr": self.lr, "momentum": self.momentum,
+                                       **software_versions("numpy", "mpi4py")},
+                          "DistributedSGD", name="DistributedSGD's settings")
 
     def step(self, grads: Sequence[np.ndarray]) -> None:
         """Average ``grads`` (one per parameter, same shapes) over workers and apply them."""
@@ -211,9 +197,8 @@ class DistributedSGD:
         step, self.steps_taken = self.steps_taken, self.steps_taken + 1
         for i, g in enumerate(averaged):
             if not np.isfinite(g).all():
-                raise FloatingPointError(
-                    f"the worker-averaged gradient of params[{i}] holds NaN or Inf at step "
-                    f"{step} (counting from 0); some rank's gradient went non-finite")
+                raise NonFiniteGradientError(
+                    nonfinite_gradient_message(step, f"params[{i}]", PLAIN_REMEDY))
         for p, v, g in zip(self.params, self.velocity, averaged, strict=True):
             if self.momentum:
                 v *= self.momentum
@@ -269,32 +254,33 @@ class LinearScalingWarmup:
         self.optimizer = optimizer
         self.schedule = LinearScalingSchedule(
             base_lr=optimizer.lr, batch_size_per_worker=batch_size_per_worker,
-            workers=size(),
+            world_size=size(),
             steps_per_epoch=steps_per_epoch, base_batch_size=base_batch_size,
             warmup_epochs=warmup_epochs, milestones=tuple(milestones), gamma=gamma,
             backward_passes_per_step=backward_passes_per_step,
         )
-        raise_on_disagreement(
-            _allgather(dataclasses.asdict(self.schedule), "LinearScalingWarmup's settings"),
-            "LinearScalingWarmup")
-        self.steps_done = 0
+        check_ranks_agree(_allgather, dataclasses.asdict(self.schedule), "LinearScalingWarmup",
+                          name="LinearScalingWarmup's settings")
+        self.steps_taken = 0
         optimizer.lr = self.schedule.lr_at(0)
 
     def step(self) -> None:
         """Advance one optimizer step and set the rate for the next one."""
-        self.steps_done += 1
-        self.optimizer.lr = self.schedule.lr_at(self.steps_done)
+        self.steps_taken += 1
+        self.optimizer.lr = self.schedule.lr_at(self.steps_taken)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"steps_done": self.steps_done}
+        """The progress: optimizer steps taken."""
+        return {"steps_taken": self.steps_taken}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.steps_done = int(state["steps_done"])
-        self.optimizer.lr = self.schedule.lr_at(self.steps_done)
+        """Continue from ``state`` (also accepts the ``steps_done`` key of hvdtrain 0.1.0)."""
+        self.steps_taken = int(state.get("steps_taken", state.get("steps_done", 0)))
+        self.optimizer.lr = self.schedule.lr_at(self.steps_taken)
 
 
 def verify_replicas(arrays: Sequence[np.ndarray]) -> None:
     """Raise ReplicaMismatchError on every rank unless every rank's arrays are bit-identical."""
     require_instance("arrays", arrays, list | tuple, "a list or tuple of NumPy arrays")
     mine = checksums((f"array[{i}]", np.asarray(a)) for i, a in enumerate(arrays))
-    raise_on_mismatch(_allgather(mine, "the replica checksums"))
+    raise_on_mismatch(watchdog.watched_allgather(_allgather, mine, "the replica checksums"))

@@ -44,35 +44,39 @@ if keras.backend.backend() != "tensorflow":
         f"{keras.backend.backend()!r}; for Keras on torch use hvdtrain.adapters.keras"
     )
 
+# Horovod's basics: those the Keras adapter re-exports (horovod.tensorflow's, on this
+# backend), and horovod.tensorflow's collectives.
 from horovod.tensorflow import (
     Adasum,
-    Average,
     Compression,
-    Sum,
     allgather,
     allgather_object,
     allreduce,
     broadcast,
     broadcast_object,
-    is_initialized,
     join,
+)
+
+from hvdtrain.adapters.keras import (
+    Average,
+    Sum,
+    collectives,
+    init,
+    is_initialized,
     local_rank,
     local_size,
     rank,
     shutdown,
     size,
 )
-
-from hvdtrain.adapters import _keras_collectives as collectives
 from hvdtrain.replicas import ReplicaMismatchError
-from hvdtrain.runtime import init_horovod
 from hvdtrain.schedule import (
     DEFAULT_BASE_BATCH_SIZE,
     DEFAULT_GAMMA,
     DEFAULT_WARMUP_EPOCHS,
     LinearScalingSchedule,
 )
-from hvdtrain.validation import require_instance, require_same_world_size
+from hvdtrain.validation import require_compression, require_instance, require_same_world_size
 
 __all__ = [
     "Adasum", "Average", "Compression", "DistributedGradientTape", "LinearScalingWarmup",
@@ -80,12 +84,6 @@ __all__ = [
     "broadcast_object", "broadcast_variables", "init", "is_initialized", "join", "local_rank",
     "local_size", "rank", "shutdown", "size", "verify_replicas",
 ]
-
-
-def init(comm=None, process_sets=None) -> None:
-    """Horovod's ``init`` with hvdtrain's runtime defaults (see :mod:`hvdtrain.runtime`);
-    ``comm`` may be an mpi4py communicator."""
-    init_horovod(collectives.horovod(), comm, process_sets)
 
 
 class DistributedGradientTape:
@@ -104,7 +102,7 @@ class DistributedGradientTape:
 
     def __init__(self, tape: tf.GradientTape, *, compression: str | None = None,
                  op: Any = Average) -> None:
-        collectives.check_compression(compression)
+        require_compression(compression)
         collectives.check_op(op)
         require_instance("tape", tape, tf.GradientTape, "a tf.GradientTape")
         self.tape = tape
@@ -174,7 +172,7 @@ class LinearScalingWarmup(keras.optimizers.schedules.LearningRateSchedule):
         elif collectives.horovod().is_initialized():  # not when deserialised for evaluation
             require_same_world_size(world_size, size(), "hvtf.size()")
         self.schedule = LinearScalingSchedule(
-            base_lr=base_lr, batch_size_per_worker=batch_size_per_worker, workers=world_size,
+            base_lr=base_lr, batch_size_per_worker=batch_size_per_worker, world_size=world_size,
             steps_per_epoch=steps_per_epoch, base_batch_size=base_batch_size,
             warmup_epochs=warmup_epochs, milestones=tuple(milestones), gamma=gamma,
             backward_passes_per_step=backward_passes_per_step,
@@ -193,4 +191,4 @@ class LinearScalingWarmup(keras.optimizers.schedules.LearningRateSchedule):
         return dict(base_lr=s.base_lr, batch_size_per_worker=s.batch_size_per_worker,
                     steps_per_epoch=s.steps_per_epoch, base_batch_size=s.base_batch_size,
                     warmup_epochs=s.warmup_epochs, milestones=list(s.milestones), gamma=s.gamma,
-                    backward_passes_per_step=s.backward_passes_per_step, world_size=s.workers)
+                    backward_passes_per_step=s.backward_passes_per_step, world_size=s.world_size)

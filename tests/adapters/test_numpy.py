@@ -54,8 +54,8 @@ def test_64_megabyte_arrays(run):
 
 def test_mismatched_shapes_raise_on_every_rank(run):
     for report in run.both("mismatch"):
-        assert "rank 0 passes shape (3,)" in report["message"]
-        assert "rank 1 passes shape (4,)" in report["message"]
+        assert ("allreduce_mean: the ranks disagree: array shape is (3,) on rank 0 but (4,) "
+                "on rank 1") in report["message"]
         assert ("params[0] (shape, dtype) is ((3,), '<f8') on rank 0 but ((4,), '<f8') on "
                 "rank 1") in report["model_message"]
 
@@ -64,7 +64,7 @@ def test_distributed_sgd_equals_one_process_on_the_concatenated_batch(run):
     reference = reference_sgd()
     for rank in (0, 1):
         assert max_difference(run.arrays("sgd", rank), reference) <= 1e-12
-    plan = LinearScalingSchedule(base_lr=0.1, batch_size_per_worker=4, workers=2,
+    plan = LinearScalingSchedule(base_lr=0.1, batch_size_per_worker=4, world_size=2,
                                  steps_per_epoch=5, base_batch_size=4, warmup_epochs=2)
     assert run.both("sgd")[0]["lrs"] == [plan.lr_at(step) for step in range(STEPS)]
 

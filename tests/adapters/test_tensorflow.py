@@ -30,7 +30,7 @@ def test_schedule_object_is_hvdtrain_schedule_and_serializes():
                      warmup_epochs=3, milestones=[5, 8], gamma=0.5, world_size=8)
     keras.config.set_floatx("float64")
     rate = hvtf.LinearScalingWarmup(0.1, **arguments)
-    plan = LinearScalingSchedule(base_lr=0.1, batch_size_per_worker=32, workers=8,
+    plan = LinearScalingSchedule(base_lr=0.1, batch_size_per_worker=32, world_size=8,
                                  steps_per_epoch=10, base_batch_size=64, warmup_epochs=3,
                                  milestones=(5, 8), gamma=0.5)
     steps = range(0, 100)

@@ -7,7 +7,7 @@ test_tensorflow.py compare them with one plain-Keras process. Run with
 KERAS_BACKEND=torch it runs the backend-independent fit scenarios only.
 """
 
-import json
+import functools
 import sys
 from pathlib import Path
 
@@ -25,6 +25,8 @@ from keras_common import (
     make_optimizer,
     shard,
 )
+from scenarios import report as report_for_rank
+from scenarios import run_scenarios
 
 import hvdtrain.adapters.keras as hvk
 from hvdtrain.replicas import checksums
@@ -34,8 +36,7 @@ TENSORFLOW = keras.backend.backend() == "tensorflow"
 
 
 def report(scenario: str, **values) -> None:
-    print("REPORT " + json.dumps({"scenario": scenario, "rank": hvk.rank(), **values}),
-          flush=True)
+    report_for_rank(hvk.rank(), scenario, **values)
 
 
 def weights_checksum(model: keras.Model) -> str:
@@ -241,18 +242,25 @@ def scenario_custom_loop() -> None:
 
 def main() -> None:
     hvk.init()
-    fit("sgd", "sgd")
-    fit("adam", "adam")
-    fit("sgd_accumulate", "sgd", passes=2)
+    scenarios = {
+        "sgd": functools.partial(fit, "sgd", "sgd"),
+        "adam": functools.partial(fit, "adam", "adam"),
+        "sgd_accumulate": functools.partial(fit, "sgd_accumulate", "sgd", passes=2),
+    }
     if TENSORFLOW:
-        fit("sgd_float32", "sgd", floatx="float32")
-        fit("sgd_fp16", "sgd", compression="fp16", floatx="float32")
-        fit("sgd_bf16", "sgd", compression="bf16", floatx="float32")
-        scenario_save_and_load()
-        scenario_resume()
-        scenario_replica_check_and_metrics()
-        scenario_failures()
-        scenario_custom_loop()
+        scenarios.update({
+            "sgd_float32": functools.partial(fit, "sgd_float32", "sgd", floatx="float32"),
+            "sgd_fp16": functools.partial(fit, "sgd_fp16", "sgd", compression="fp16",
+                                          floatx="float32"),
+            "sgd_bf16": functools.partial(fit, "sgd_bf16", "sgd", compression="bf16",
+                                          floatx="float32"),
+            "save_load": scenario_save_and_load,
+            "resume": scenario_resume,
+            "replica_check": scenario_replica_check_and_metrics,
+            "failures": scenario_failures,
+            "custom_loop": scenario_custom_loop,
+        })
+    run_scenarios(hvk.rank, scenarios)
     hvk.shutdown()
 
 

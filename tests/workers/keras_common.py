@@ -56,7 +56,7 @@ def loss() -> keras.losses.Loss:
 def schedule(kind: str, passes: int = 1) -> LinearScalingSchedule:
     """Base batch = one worker's batch, so k = 2 x passes."""
     return LinearScalingSchedule(
-        base_lr=ETA[kind], batch_size_per_worker=BATCH_PER_WORKER, workers=WORKERS,
+        base_lr=ETA[kind], batch_size_per_worker=BATCH_PER_WORKER, world_size=WORKERS,
         steps_per_epoch=STEPS_PER_EPOCH, base_batch_size=BATCH_PER_WORKER,
         warmup_epochs=WARMUP_EPOCHS, backward_passes_per_step=passes,
     )

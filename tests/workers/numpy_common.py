@@ -40,7 +40,7 @@ def reference_sgd() -> list[np.ndarray]:
     weights = make_weights()
     velocity = [np.zeros_like(w) for w in weights]
     plan = LinearScalingSchedule(base_lr=0.1, batch_size_per_worker=BATCH_PER_WORKER,
-                                 workers=WORKERS, steps_per_epoch=5,
+                                 world_size=WORKERS, steps_per_epoch=5,
                                  base_batch_size=BATCH_PER_WORKER, warmup_epochs=2)
     batch = BATCH_PER_WORKER * WORKERS
     for step in range(STEPS):

@@ -5,12 +5,13 @@ saves tensors as OUTDIR/<name>-rank<r>.pt; tests/adapters/test_torch.py compares
 them with an independent single-process computation and across ranks.
 """
 
-import json
+import functools
 import sys
-import zlib
 from pathlib import Path
 
 import torch
+from scenarios import report as report_for_rank
+from scenarios import run_scenarios
 from torch_common import (
     STEPS,
     STEPS_PER_EPOCH,
@@ -28,8 +29,7 @@ OUT = Path(sys.argv[1])
 
 
 def report(scenario: str, **values) -> None:
-    print("REPORT " + json.dumps({"scenario": scenario, "rank": hvt.rank(), **values}),
-          flush=True)
+    report_for_rank(hvt.rank(), scenario, **values)
 
 
 def save(name: str, tensors: dict) -> None:
@@ -37,10 +37,7 @@ def save(name: str, tensors: dict) -> None:
 
 
 def checksum(model: torch.nn.Module) -> str:
-    crc = 0
-    for p in model.parameters():
-        crc = zlib.crc32(p.detach().contiguous().view(-1).view(torch.uint8).numpy(), crc)
-    return f"{crc:08x}"
+    return hvt.state_fingerprint(model)
 
 
 def parameters(model: torch.nn.Module) -> dict:
@@ -250,21 +247,27 @@ def scenario_metrics_and_sampler() -> None:
 def main() -> None:
     hvt.init()
     torch.set_num_threads(1)
-    train("sgd", "sgd")
-    train("adam", "adam")
-    train("sgd_accumulate", "sgd", passes=2)
-    train("adam_accumulate", "adam", passes=2)
-    train("sgd_groups", "sgd", groups=2)
-    train("sgd_fp16", "sgd", dtype=torch.float32, compression="fp16")
-    train("sgd_bf16", "sgd", dtype=torch.float32, compression="bf16")
-    train("sgd_float32", "sgd", dtype=torch.float32)
-    scenario_broadcast_state()
-    scenario_mismatch()
-    scenario_verify_replicas()
-    scenario_skip_nonfinite()
-    scenario_checkpoint()
-    scenario_grad_scaler()
-    scenario_metrics_and_sampler()
+    trainings = {
+        "sgd": dict(kind="sgd"),
+        "adam": dict(kind="adam"),
+        "sgd_accumulate": dict(kind="sgd", passes=2),
+        "adam_accumulate": dict(kind="adam", passes=2),
+        "sgd_groups": dict(kind="sgd", groups=2),
+        "sgd_fp16": dict(kind="sgd", dtype=torch.float32, compression="fp16"),
+        "sgd_bf16": dict(kind="sgd", dtype=torch.float32, compression="bf16"),
+        "sgd_float32": dict(kind="sgd", dtype=torch.float32),
+    }
+    run_scenarios(hvt.rank, {
+        **{name: functools.partial(train, name, **settings)
+           for name, settings in trainings.items()},
+        "broadcast_state": scenario_broadcast_state,
+        "mismatch": scenario_mismatch,
+        "verify_replicas": scenario_verify_replicas,
+        "skip_nonfinite": scenario_skip_nonfinite,
+        "checkpoint": scenario_checkpoint,
+        "grad_scaler": scenario_grad_scaler,
+        "metrics": scenario_metrics_and_sampler,
+    })
     hvt.shutdown()
 
 

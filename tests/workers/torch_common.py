@@ -44,7 +44,7 @@ def make_optimizer(kind: str, parameters) -> torch.optim.Optimizer:
 def schedule(backward_passes_per_step: int = 1, base_lr: float = 1.0) -> LinearScalingSchedule:
     """The schedule both sides use: base batch = one worker's batch, so k = 2 x passes."""
     return LinearScalingSchedule(
-        base_lr=base_lr, batch_size_per_worker=BATCH_PER_WORKER, workers=WORKERS,
+        base_lr=base_lr, batch_size_per_worker=BATCH_PER_WORKER, world_size=WORKERS,
         steps_per_epoch=STEPS_PER_EPOCH, base_batch_size=BATCH_PER_WORKER,
         warmup_epochs=WARMUP_EPOCHS, backward_passes_per_step=backward_passes_per_step,
     )

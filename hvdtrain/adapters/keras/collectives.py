@@ -1,6 +1,6 @@
 """Collectives on Keras 3 tensors and variables, through the Horovod of Keras's backend.
 
-Shared by :mod:`hvdtrain.adapters.keras` and :mod:`hvdtrain.adapters.tensorflow`.
+Shared by the Keras adapter's modules and by :mod:`hvdtrain.adapters.tensorflow`.
 Everything is written with ``keras.ops``, so the same code serves Keras on the
 TensorFlow backend (through ``horovod.tensorflow``, in graph or eager mode) and on the
 torch backend (through ``horovod.torch``). Only one of the two Horovod modules is
@@ -20,8 +20,10 @@ import keras
 import numpy as np
 from keras import ops
 
-from hvdtrain import watchdog
-from hvdtrain.consistency import average_by_key, raise_on_disagreement
+from hvdtrain import runtime, watchdog
+from hvdtrain.consistency import check_ranks_agree as _check_ranks_agree
+from hvdtrain.metrics import average_by_key
+from hvdtrain.nonfinite import NonFiniteGradientError, nonfinite_gradient_message
 from hvdtrain.replicas import checksums, raise_on_mismatch
 from hvdtrain.validation import require_root_rank
 
@@ -29,7 +31,8 @@ SUPPORTED_BACKENDS = {"tensorflow": "horovod.tensorflow", "torch": "horovod.torc
 # Horovod pairs collectives across ranks by name. In TensorFlow graphs the name gets the
 # current name scope, which holds per-process counters ("sgd_3/"): leave it out.
 _UNSCOPED = {"ignore_name_scope": True} if keras.backend.backend() == "tensorflow" else {}
-COMPRESSIONS = (None, "fp16", "bf16")
+# Where the graph assertion prints the optimizer step (a tensor known only at run time).
+_STEP_PLACEHOLDER = "<step>"
 
 
 @functools.cache
@@ -46,16 +49,12 @@ def horovod() -> ModuleType:
 
 
 def require_initialized(what: str) -> None:
-    if not horovod().is_initialized():
-        raise RuntimeError(f"{what} needs Horovod: call init() first")
-
-
-def check_compression(compression: str | None) -> None:
-    if compression not in COMPRESSIONS:
-        raise ValueError(f"compression must be None, 'fp16' or 'bf16', got {compression!r}")
+    """Raise RuntimeError naming ``what`` unless ``init()`` has run."""
+    runtime.require_initialized(horovod().is_initialized(), what, "init()")
 
 
 def check_op(op: Any) -> None:
+    """Raise ValueError unless ``op`` is Horovod's Average or Sum."""
     hvd = horovod()
     if op not in (hvd.Average, hvd.Sum):
         raise ValueError("op must be Average or Sum (Adasum is not supported for Keras)")
@@ -85,26 +84,23 @@ def average_gradients(grads: Sequence[Any], compression: str | None, op: Any) ->
     return result
 
 
-NONFINITE_MESSAGE = ("hvdtrain: the worker-averaged gradient holds NaN or Inf at optimizer "
-                     "step (counting from 0):")
-
-
 def require_finite(grads: Sequence[Any], step: Any) -> list[Any]:
     """``grads`` unchanged, after stopping training if any holds a NaN or Inf.
 
     On TensorFlow this is a graph assertion (``InvalidArgumentError`` naming the step);
-    on torch a ``FloatingPointError``.
+    on torch a :class:`hvdtrain.nonfinite.NonFiniteGradientError`.
     """
     present = [g for g in grads if g is not None]
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
         finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in present])
-        check = tf.debugging.Assert(finite, [NONFINITE_MESSAGE, step])
+        before, after = nonfinite_gradient_message(_STEP_PLACEHOLDER).split(_STEP_PLACEHOLDER)
+        check = tf.debugging.Assert(finite, [f"hvdtrain: {before}", step, after])
         with tf.control_dependencies([check]):
             return [None if g is None else tf.identity(g) for g in grads]
     if not all(bool(ops.all(ops.isfinite(g))) for g in present):
-        raise FloatingPointError(f"{NONFINITE_MESSAGE} {int(step)}")
+        raise NonFiniteGradientError(nonfinite_gradient_message(int(step)))
     return list(grads)
 
 
@@ -176,8 +172,9 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int = 0) -> None:
 
 
 def check_ranks_agree(facts: Mapping[str, Any], where: str) -> None:
-    """Raise RankDisagreementError on every rank unless every rank has the same ``facts``."""
-    raise_on_disagreement(_guarded_allgather_object(dict(facts), "hvdtrain.agreement"), where)
+    """Raise RankDisagreementError on every rank unless every rank has the same ``facts``
+    (:func:`hvdtrain.consistency.check_ranks_agree` over Horovod's object allgather)."""
+    _check_ranks_agree(_allgather_object, facts, where)
 
 
 def verify_variables(named_variables: Sequence[tuple[str, Any]]) -> None:
@@ -190,17 +187,18 @@ def verify_variables(named_variables: Sequence[tuple[str, Any]]) -> None:
     mine = checksums((key, ops.convert_to_numpy(v))
                      for key, (_, v) in zip(keys, named_variables, strict=True))
     labels = {key: name for key, (name, _) in zip(keys, named_variables, strict=True)}
-    raise_on_mismatch(_guarded_allgather_object(mine, "hvdtrain.replica_checksums"), labels)
+    raise_on_mismatch(watchdog.watched_allgather(_allgather_object, mine,
+                                                 "hvdtrain.replica_checksums"), labels)
 
 
 def average_numbers(values: Mapping[str, float]) -> dict[str, float]:
     """The mean of each named number over all ranks, identical on every rank
-    (:func:`hvdtrain.consistency.average_by_key`: different names raise ValueError)."""
+    (:func:`hvdtrain.metrics.average_by_key`: different names raise ValueError)."""
     mine = {key: float(value) for key, value in values.items()}
-    return average_by_key(_guarded_allgather_object(mine, "hvdtrain.metrics"))
+    return average_by_key(watchdog.watched_allgather(_allgather_object, mine,
+                                                     "hvdtrain.metrics"))
 
 
-def _guarded_allgather_object(value: Any, name: str) -> list[Any]:
-    """Horovod's ``allgather_object`` under the watchdog (:mod:`hvdtrain.watchdog`)."""
-    with watchdog.guard(f"the allgather of {name}"):
-        return horovod().allgather_object(value, name=name)
+def _allgather_object(value: Any, name: str) -> list[Any]:
+    """Horovod's ``allgather_object`` (whose TensorFlow version takes a session second)."""
+    return horovod().allgather_object(value, name=name)

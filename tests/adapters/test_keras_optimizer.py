@@ -1,14 +1,16 @@
-"""hvdtrain.adapters.keras on 2 real ranks (Gloo and MPI) against one plain-Keras process.
+"""DistributedOptimizer and load_model (hvdtrain/adapters/keras/optimizer.py) on 2 real
+ranks (Gloo and MPI) against one plain-Keras process.
 
 One launch per controller runs tests/workers/keras_adapter.py (TensorFlow backend),
-and one per controller runs its fit scenarios on Keras's torch backend.
+and one per controller runs its fit scenarios on Keras's torch backend
+(tests/adapters/conftest.py); a scenario that failed fails its tests with its name.
 """
 
 import keras
 import numpy as np
 import pytest
 from harness import max_difference
-from workers.keras_common import EPOCHS, STEPS_PER_EPOCH, make_model, reference_fit, schedule
+from workers.keras_common import EPOCHS, STEPS_PER_EPOCH, make_model, reference_fit
 
 import hvdtrain.adapters.keras as hvk
 
@@ -36,42 +38,6 @@ def test_fit_on_the_torch_backend_equals_one_process(keras_torch_run, name, kind
         assert max_difference(keras_torch_run.arrays(name, rank), reference) <= 1e-5
     assert keras_torch_run.both(name)[0]["epoch_sums"] == keras_torch_run.both(name)[1][
         "epoch_sums"]
-
-
-@pytest.mark.parametrize("name", ["sgd", "adam", "sgd_accumulate", "sgd_bf16"])
-def test_replicas_identical_before_the_first_step_and_after_every_epoch(keras_run, name):
-    rank0, rank1 = keras_run.both(name)
-    assert rank0["first"] == rank1["first"]  # they were built from different seeds
-    assert rank0["epoch_sums"] == rank1["epoch_sums"]
-    assert len(set(rank0["epoch_sums"])) == EPOCHS
-
-
-@pytest.mark.parametrize(("name", "kind", "passes"), FIT_CASES)
-def test_learning_rate_of_every_batch_is_the_schedule(keras_run, name, kind, passes):
-    plan = schedule(kind, passes)
-    batches = STEPS_PER_EPOCH * passes
-    expected = [plan.lr_at((epoch * batches + batch) // passes)
-                for epoch in range(EPOCHS) for batch in range(batches)]
-    assert keras_run.both(name)[0]["lrs"] == expected
-
-
-def test_momentum_correction_rescales_the_velocity(keras_run):
-    report = keras_run.both("sgd")[0]
-    factor = report["lr_after"] / report["lr_before"]
-    assert factor > 1  # the 4th batch is inside the warmup
-    for before, after in zip(report["velocity_before"], report["velocity_after"], strict=True):
-        np.testing.assert_allclose(after, np.asarray(before) * factor, rtol=1e-15, atol=0)
-        assert np.any(np.asarray(before) != 0)
-
-
-def test_metric_average_is_the_mean_of_the_ranks(keras_run):
-    rank0, rank1 = keras_run.both("sgd")
-    for epoch in range(EPOCHS):
-        raw0, raw1 = rank0["raw_logs"][epoch], rank1["raw_logs"][epoch]
-        assert raw0["loss"] != raw1["loss"]  # the shards differ
-        for report in (rank0, rank1):
-            assert report["averaged_logs"][epoch]["loss"] == pytest.approx(
-                (raw0["loss"] + raw1["loss"]) / 2, rel=1e-15)
 
 
 @pytest.mark.parametrize(("name", "unit"), [("sgd_fp16", FP16_UNIT), ("sgd_bf16", BF16_UNIT)])
@@ -104,29 +70,17 @@ def test_resuming_from_a_saved_model_with_initial_epoch_continues_exactly(keras_
                               keras_run.arrays("sgd", rank)) <= 1e-12
 
 
-def test_replica_check_and_metric_keys_name_what_differs(keras_run):
-    for report in keras_run.both("replica_check"):
-        assert "rank(s) [1]" in report["message"] and "bias" in report["message"]
-        assert "['loss'] on rank 0 but ['loss', 'val_loss'] on rank 1" in report["key_error"]
-
-
 def test_a_nonfinite_gradient_stops_fit_on_every_rank_naming_the_step(keras_run):
     for report in keras_run.both("failures"):
-        assert "NaN or Inf at optimizer step (counting from 0):" in report["nonfinite"]
+        assert "NaN or Inf at optimizer step" in report["nonfinite"]
         assert "[1]" in report["nonfinite"]  # the sixth row is in the second batch
+        assert "(counting from 0)" in report["nonfinite"]
 
 
 def test_skip_nonfinite_skips_the_update_on_every_rank(keras_run):
     for report in keras_run.both("failures"):
         assert report["skipped"] == 1  # one batch held rank 1's NaN row
         assert report["finite_after_skip"]  # and the replicas were then compared
-
-
-def test_ranks_that_start_differently_are_stopped_before_the_first_step(keras_run):
-    for report in keras_run.both("failures"):
-        errors = report["disagreements"]
-        assert "optimizer class is 'SGD' on rank 0 but 'Adam' on rank 1" in errors["optimizer"]
-        assert "batch_size_per_worker is 4 on rank 0 but 8 on rank 1" in errors["batch size"]
 
 
 @pytest.mark.parametrize(("arguments", "message"), [
@@ -148,14 +102,3 @@ def test_distributed_optimizer_refuses_a_used_optimizer_and_keeps_the_config():
     optimizer.build([keras.Variable(np.zeros(2))])
     with pytest.raises(ValueError, match="already been used"):
         hvk.DistributedOptimizer(optimizer)
-
-
-def test_an_unsupported_keras_backend_gets_an_error_naming_the_supported_ones(monkeypatch):
-    """No other Keras backend can be installed here (JAX is absent), so Keras is told it
-    runs on JAX; the adapter's own backend choice is what is under test."""
-    from hvdtrain.adapters import _keras_collectives
-
-    monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
-    with pytest.raises(RuntimeError, match="supports the Keras backends tensorflow and torch, "
-                                           "not 'jax'; set KERAS_BACKEND=tensorflow"):
-        _keras_collectives.horovod.__wrapped__()

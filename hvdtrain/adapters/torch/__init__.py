@@ -1,0 +1,123 @@
+"""PyTorch on Horovod: ``import hvdtrain.adapters.torch as hvt``.
+
+A Horovod user switches by changing one import: Horovod's basics are re-exported
+(``init``, ``rank``, ``size``, ``allreduce``, ``broadcast_object``, ``Average``, ...),
+and :func:`DistributedOptimizer` takes the same first arguments as
+``horovod.torch.DistributedOptimizer``. What hvdtrain adds, one module per concern:
+
+- :mod:`.optimizer`: :func:`DistributedOptimizer` averages over accumulated
+  micro-batches too, offers "bf16" compression, names the rank and parameter when
+  models differ, and stops (or skips, on every rank alike) non-finite steps.
+- :mod:`.scheduler`: :class:`LinearScalingWarmup`, Goyal et al.'s linear scaling rule
+  and warmup (:mod:`hvdtrain.schedule`) as a torch ``LRScheduler``.
+- :mod:`.state`: :func:`broadcast_state`, :func:`verify_replicas`, :func:`state_fingerprint`.
+- :mod:`.checkpoint`: :func:`save_checkpoint`, :func:`load_checkpoint`.
+- :mod:`.data`: :func:`distributed_sampler`, :func:`average_metrics`.
+
+Example (run with ``horovodrun -np 2 python train.py``)::
+
+    import torch
+    import hvdtrain.adapters.torch as hvt
+
+    hvt.init()
+    model = torch.nn.Linear(10, 2)
+    optimizer = hvt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         model.named_parameters())
+    scheduler = hvt.LinearScalingWarmup(optimizer, batch_size_per_worker=32,
+                                        steps_per_epoch=100)
+    hvt.broadcast_state(model, optimizer, scheduler)
+    for x, y in loader:                      # this worker's shard
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        scheduler.step()
+"""
+
+from __future__ import annotations
+
+import horovod.torch as _hvd
+
+# Horovod's basics, re-exported unchanged so that `import horovod.torch as hvd` scripts
+# keep working.
+from horovod.torch import (
+    Adasum,
+    Average,
+    Compression,
+    Sum,
+    allgather,
+    allgather_object,
+    allreduce,
+    broadcast,
+    broadcast_object,
+    is_initialized,
+    join,
+    local_rank,
+    local_size,
+    rank,
+    shutdown,
+    size,
+)
+
+from hvdtrain.adapters.torch.checkpoint import load_checkpoint, save_checkpoint
+from hvdtrain.adapters.torch.data import average_metrics, distributed_sampler
+from hvdtrain.adapters.torch.optimizer import (
+    DistributedOptimizer,
+    NonFiniteGradientError,
+    ParameterMismatchError,
+)
+from hvdtrain.adapters.torch.scheduler import LinearScalingWarmup
+from hvdtrain.adapters.torch.state import (
+    ReplicaMismatchError,
+    broadcast_state,
+    state_fingerprint,
+    verify_replicas,
+)
+from hvdtrain.consistency import RankDisagreementError
+from hvdtrain.runtime import init_horovod
+
+__all__ = [
+    "Adasum",
+    "Average",
+    "Compression",
+    "DistributedOptimizer",
+    "LinearScalingWarmup",
+    "NonFiniteGradientError",
+    "ParameterMismatchError",
+    "RankDisagreementError",
+    "ReplicaMismatchError",
+    "Sum",
+    "allgather",
+    "allgather_object",
+    "allreduce",
+    "average_metrics",
+    "broadcast",
+    "broadcast_object",
+    "broadcast_state",
+    "distributed_sampler",
+    "init",
+    "is_initialized",
+    "join",
+    "load_checkpoint",
+    "local_rank",
+    "local_size",
+    "rank",
+    "save_checkpoint",
+    "shutdown",
+    "size",
+    "state_fingerprint",
+    "verify_replicas",
+]
+
+
+def init(comm=None, process_sets=None) -> None:
+    """Horovod's ``init`` with hvdtrain's runtime defaults (:mod:`hvdtrain.runtime`: a
+    stalled collective is reported, then the job shut down, instead of hanging).
+
+    Args:
+        comm: None (every process), a list of ranks, or an mpi4py communicator, to
+            train several groups in one MPI job.
+        process_sets: Horovod's process sets, passed through.
+
+    Without a launcher it prints a one-line notice and runs as a single worker.
+    """
+    init_horovod(_hvd, comm, process_sets)

@@ -1,0 +1,105 @@
+"""``LinearScalingWarmup``: Goyal et al.'s linear scaling rule and gradual warmup
+(:mod:`hvdtrain.schedule`) as a torch learning-rate scheduler."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import horovod.torch as _hvd
+import torch
+
+from hvdtrain.adapters.torch._horovod import require_initialized
+from hvdtrain.consistency import check_ranks_agree
+from hvdtrain.schedule import (
+    DEFAULT_BASE_BATCH_SIZE,
+    DEFAULT_GAMMA,
+    DEFAULT_WARMUP_EPOCHS,
+    LinearScalingSchedule,
+)
+from hvdtrain.validation import require_same_world_size
+
+__all__ = ["LinearScalingWarmup"]
+
+
+class LinearScalingWarmup(torch.optim.lr_scheduler.LRScheduler):
+    """Goyal et al.'s linear scaling rule with gradual warmup, for any torch optimizer.
+
+    Step it once per optimizer step. Each param group's learning rate when the
+    scheduler is made is its η, the rate tuned for ``base_batch_size``; the group then
+    follows :class:`hvdtrain.schedule.LinearScalingSchedule`: η at step 0, rising by a
+    constant amount per step to kη after ``warmup_epochs``, then kη times ``gamma`` at
+    each milestone epoch, where k = batch_size_per_worker x world_size x
+    backward_passes_per_step / base_batch_size.
+
+    PyTorch's SGD keeps the learning rate out of its momentum buffer (v = μv + g;
+    p -= lr·v), so changing the rate needs no momentum correction here (Goyal et al.'s
+    remark 2 applies to the v = μv + lr·g form, which Keras uses).
+
+    ``state_dict()`` holds only the progress (step count and base rates); resuming
+    with ``load_state_dict`` continues the exact sequence. Example::
+
+        scheduler = hvt.LinearScalingWarmup(optimizer, batch_size_per_worker=32,
+                                            steps_per_epoch=len(loader))
+        ...
+        optimizer.step()
+        scheduler.step()
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        *,
+        batch_size_per_worker: int,
+        steps_per_epoch: int,
+        base_batch_size: int = DEFAULT_BASE_BATCH_SIZE,
+        warmup_epochs: float = DEFAULT_WARMUP_EPOCHS,
+        milestones: Iterable[int] = (),
+        gamma: float = DEFAULT_GAMMA,
+        backward_passes_per_step: int = 1,
+        world_size: int | None = None,
+    ) -> None:
+        accumulating = getattr(optimizer, "backward_passes_per_step", 1)
+        if accumulating != backward_passes_per_step:
+            raise ValueError(
+                f"the optimizer accumulates {accumulating} backward passes per step but "
+                f"LinearScalingWarmup got backward_passes_per_step={backward_passes_per_step}; "
+                f"pass backward_passes_per_step={accumulating} so k counts the whole global batch"
+            )
+        if world_size is None:
+            require_initialized("LinearScalingWarmup (world_size=None means Horovod's size)")
+            world_size = _hvd.size()
+        elif _hvd.is_initialized():
+            require_same_world_size(world_size, _hvd.size(), "hvt.size()")
+        self._schedule_arguments = dict(
+            batch_size_per_worker=batch_size_per_worker, world_size=world_size,
+            steps_per_epoch=steps_per_epoch, base_batch_size=base_batch_size,
+            warmup_epochs=warmup_epochs, milestones=tuple(milestones), gamma=gamma,
+            backward_passes_per_step=backward_passes_per_step,
+        )
+        # Validate now, with a placeholder η, so a bad argument fails here, not at step 0.
+        LinearScalingSchedule(base_lr=1.0, **self._schedule_arguments)
+        rates = [group.get("initial_lr", group["lr"]) for group in optimizer.param_groups]
+        if not any(float(rate) > 0 for rate in rates):
+            raise ValueError(
+                f"every param group's learning rate is 0 ({rates}): LinearScalingWarmup scales "
+                "each group's rate (η, tuned for base_batch_size); give the optimizer that rate")
+        if _hvd.is_initialized():
+            check_ranks_agree(_hvd.allgather_object, self._schedule_arguments,
+                              "LinearScalingWarmup", name="hvdtrain.schedule_agreement")
+        super().__init__(optimizer)
+
+    def schedule_for(self, base_lr: float) -> LinearScalingSchedule:
+        """The schedule one param group follows, given its η."""
+        return LinearScalingSchedule(base_lr=base_lr, **self._schedule_arguments)
+
+    def get_lr(self) -> list[float]:
+        """Each param group's rate for the current step (torch's scheduler protocol)."""
+        step = max(self.last_epoch, 0)
+        return [self.schedule_for(eta).lr_at(step) if eta > 0 else 0.0 for eta in self.base_lrs]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Progress only (not the configuration), so a resumed run keeps its own arguments."""
+        state = super().state_dict()
+        state.pop("_schedule_arguments", None)
+        return state

@@ -1,0 +1,62 @@
+"""The callbacks (hvdtrain/adapters/keras/callbacks/) and verify_replicas
+(hvdtrain/adapters/keras/state.py) on 2 real ranks (Gloo and MPI).
+
+One launch per controller runs tests/workers/keras_adapter.py (TensorFlow backend),
+and one per controller runs its fit scenarios on Keras's torch backend
+(tests/adapters/conftest.py); a scenario that failed fails its tests with its name.
+"""
+
+import numpy as np
+import pytest
+from workers.keras_common import EPOCHS, STEPS_PER_EPOCH, schedule
+
+FIT_CASES = [("sgd", "sgd", 1), ("adam", "adam", 1), ("sgd_accumulate", "sgd", 2)]
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam", "sgd_accumulate", "sgd_bf16"])
+def test_replicas_identical_before_the_first_step_and_after_every_epoch(keras_run, name):
+    rank0, rank1 = keras_run.both(name)
+    assert rank0["first"] == rank1["first"]  # they were built from different seeds
+    assert rank0["epoch_sums"] == rank1["epoch_sums"]
+    assert len(set(rank0["epoch_sums"])) == EPOCHS
+
+
+@pytest.mark.parametrize(("name", "kind", "passes"), FIT_CASES)
+def test_learning_rate_of_every_batch_is_the_schedule(keras_run, name, kind, passes):
+    plan = schedule(kind, passes)
+    batches = STEPS_PER_EPOCH * passes
+    expected = [plan.lr_at((epoch * batches + batch) // passes)
+                for epoch in range(EPOCHS) for batch in range(batches)]
+    assert keras_run.both(name)[0]["lrs"] == expected
+
+
+def test_momentum_correction_rescales_the_velocity(keras_run):
+    report = keras_run.both("sgd")[0]
+    factor = report["lr_after"] / report["lr_before"]
+    assert factor > 1  # the 4th batch is inside the warmup
+    for before, after in zip(report["velocity_before"], report["velocity_after"], strict=True):
+        np.testing.assert_allclose(after, np.asarray(before) * factor, rtol=1e-15, atol=0)
+        assert np.any(np.asarray(before) != 0)
+
+
+def test_metric_average_is_the_mean_of_the_ranks(keras_run):
+    rank0, rank1 = keras_run.both("sgd")
+    for epoch in range(EPOCHS):
+        raw0, raw1 = rank0["raw_logs"][epoch], rank1["raw_logs"][epoch]
+        assert raw0["loss"] != raw1["loss"]  # the shards differ
+        for report in (rank0, rank1):
+            assert report["averaged_logs"][epoch]["loss"] == pytest.approx(
+                (raw0["loss"] + raw1["loss"]) / 2, rel=1e-15)
+
+
+def test_replica_check_and_metric_keys_name_what_differs(keras_run):
+    for report in keras_run.both("replica_check"):
+        assert "rank(s) [1]" in report["message"] and "bias" in report["message"]
+        assert "['loss'] on rank 0 but ['loss', 'val_loss'] on rank 1" in report["key_error"]
+
+
+def test_ranks_that_start_differently_are_stopped_before_the_first_step(keras_run):
+    for report in keras_run.both("failures"):
+        errors = report["disagreements"]
+        assert "optimizer class is 'SGD' on rank 0 but 'Adam' on rank 1" in errors["optimizer"]
+        assert "batch_size_per_worker is 4 on rank 0 but 8 on rank 1" in errors["batch size"]

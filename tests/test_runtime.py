@@ -1,0 +1,37 @@
+"""hvdtrain.runtime in one process: launcher variables, the init check, defaults."""
+
+import pytest
+
+from hvdtrain import runtime
+
+
+@pytest.mark.parametrize(("variables", "rank", "size"), [
+    ({}, None, None),
+    ({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "4"}, 1, 4),
+    ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "3"}, 2, 3),
+    ({"PMI_RANK": "0", "PMI_SIZE": "2"}, 0, 2),
+])
+def test_launcher_rank_and_size_come_from_whichever_launcher_set_them(monkeypatch, variables,
+                                                                      rank, size):
+    for name in ("HOROVOD_RANK", "HOROVOD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                 "PMI_RANK", "PMI_SIZE", "PMIX_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    assert runtime.launcher_rank() == rank
+    assert runtime.launcher_size() == size
+    assert runtime.under_launcher() == (rank is not None)
+
+
+def test_require_initialized_names_the_caller_and_the_init_to_call():
+    runtime.require_initialized(True, "anything", "hvt.init()")
+    with pytest.raises(RuntimeError, match=r"^verify_replicas needs the workers connected: "
+                                           r"call hvn.init\(\) first$"):
+        runtime.require_initialized(False, "verify_replicas", "hvn.init()")
+
+
+def test_missing_defaults_leave_what_the_user_set(monkeypatch):
+    environ = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "99"}
+    missing = runtime.missing_defaults(environ)
+    assert "HOROVOD_STALL_CHECK_TIME_SECONDS" not in missing
+    assert missing["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] == "30"

@@ -1,0 +1,29 @@
+"""What every multi-scenario worker script shares: reporting, and running its scenarios so
+that a failing one is reported under its own name instead of ending the launch.
+
+A scenario that raises prints ``REPORT {"scenario": name, "rank": r, "failed": traceback}``
+and the next scenario runs; tests/harness.py's ``Run`` turns that into a test failure
+naming the scenario. (A failure on one rank only can leave the other rank waiting in the
+next scenario's collective; the watchdog then ends the launch, and the scenarios that
+did report are still judged.)
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from collections.abc import Callable
+
+
+def report(rank: int, scenario: str, **values) -> None:
+    """Print one ``REPORT {json}`` line for ``scenario`` on ``rank``."""
+    print("REPORT " + json.dumps({"scenario": scenario, "rank": rank, **values}), flush=True)
+
+
+def run_scenarios(rank: Callable[[], int], scenarios: dict[str, Callable[[], None]]) -> None:
+    """Run each scenario in order; report a failing one with its traceback and go on."""
+    for name, scenario in scenarios.items():
+        try:
+            scenario()
+        except Exception:
+            report(rank(), name, failed=traceback.format_exc())
