@@ -1,98 +1,128 @@
 """Benchmark 2: hvdtrain against PyTorch's DistributedDataParallel, the peer a PyTorch
-user would pick instead, with a sweep of Horovod's fusion threshold and cycle time.
+user would pick instead, on a communication-bound model (the MLP) and a compute-heavy
+one (convdense), under both of Horovod's controllers, with the machine's ceiling.
 
-First a sweep: one launch of step_worker.py per (controller, fusion threshold, cycle
-time). Then the comparison, interleaved over rounds: hvdtrain with Horovod's defaults
-under Gloo and under MPI, hvdtrain with the sweep's fastest settings, and
-``DistributedDataParallel`` (Gloo backend, launched by torchrun). Same model (the MLP),
-batch, optimizer and one thread per rank. Target: hvdtrain's step time ≤ DDP's.
+Contenders, interleaved over rounds (one launch each, both models per launch):
+
+- hvdtrain with its defaults under MPI and under Gloo;
+- hvdtrain the way it ran before these defaults ("Horovod's way"): allreduces started
+  during backward by Horovod's hooks, Horovod's background thread cycling every 1 ms
+  even when idle (``HVDTRAIN_IDLE_WAIT_MS=0``), Open MPI busy-polling
+  (``OMPI_MCA_mpi_yield_when_idle=0``), under MPI and under Gloo;
+- ``DistributedDataParallel`` (Gloo backend, launched by torchrun);
+- one process alone, and two independent processes at once (the machine's ceiling:
+  two busy cores, nothing exchanged).
+
+Same models, batch, optimizer (SGD with momentum) and one compute thread per rank.
+Per model: median step time, the median of the round ratios to DDP, the efficiency
+(one process's step time / the 2-rank step time, at the same per-worker batch) and
+where a rank's step goes (step_worker.py). Target: hvdtrain / DDP ≤ 1.00 under MPI
+(the default launch) and ≤ 1.05 under Gloo, on both models.
 """
 
 from __future__ import annotations
 
-import itertools
+import textwrap
 from pathlib import Path
 
+import numpy as np
 from common import (
-    bar_chart,
+    concurrent_results,
     horovod_result,
     interleaved,
     median,
     median_ratio,
-    progress,
+    pyplot,
     torchrun_result,
     write_result,
 )
 
-from hvdtrain.launch import CONTROLLERS
-
-MODEL = "mlp"
-FUSION_MB = (4, 64)
-CYCLE_MS = (0.5, 1, 5)
-
-
-def _settings_env(fusion_mb: float, cycle_ms: float) -> dict[str, str]:
-    return {"HOROVOD_FUSION_THRESHOLD": str(int(fusion_mb * 2**20)),
-            "HOROVOD_CYCLE_TIME": str(cycle_ms)}
+MODELS = ("mlp", "convdense")
+DDP = "DDP gloo (torchrun)"
+ALONE, CEILING = "1 process", "2 independent processes"
+HOROVODS_WAY = {"HVDTRAIN_IDLE_WAIT_MS": "0", "OMPI_MCA_mpi_yield_when_idle": "0"}
+TARGETS = {"hvdtrain mpi": 1.00, "hvdtrain gloo": 1.05}
 
 
-def _hvdtrain_step_s(steps: int, controller: str, env: dict[str, str] | None = None):
-    def measure() -> float:
-        result = horovod_result("step_worker.py", [MODEL, str(steps)], controller=controller,
-                                env=env)
-        return result["models"][MODEL]["median_step_s"]
-    return measure
+def _hvdtrain(steps: int, controller: str, overlap: str = "auto",
+              env: dict[str, str] | None = None):
+    return lambda: horovod_result("step_worker.py", [",".join(MODELS), str(steps), overlap],
+                                  controller=controller, env=env)["models"]
 
 
-def _ddp_step_s(steps: int):
-    def measure() -> float:
-        return torchrun_result("ddp_worker.py", [MODEL, str(steps)])["models"][MODEL][
-            "median_step_s"]
+def _ddp(steps: int):
+    return lambda: torchrun_result("ddp_worker.py", [",".join(MODELS), str(steps)])["models"]
+
+
+def _processes(steps: int, copies: int):
+    def measure() -> dict:
+        results = concurrent_results("step_worker.py", [",".join(MODELS), str(steps)], copies)
+        # Each independent process is one worker: the slower one sets the pace.
+        return {name: max((r["models"][name] for r in results),
+                          key=lambda m: m["median_step_s"]) for name in MODELS}
     return measure
 
 
 def run(folder: Path, smoke: bool) -> dict:
-    steps, rounds = (5, 1) if smoke else (200, 5)
-    grid = list(itertools.product(CONTROLLERS, FUSION_MB, CYCLE_MS))
-    if smoke:
-        grid = grid[:1]
-    sweep = []
-    for number, (controller, fusion_mb, cycle_ms) in enumerate(grid, start=1):
-        progress(f"ddp sweep {number}/{len(grid)}: {controller}, fusion {fusion_mb} MB, "
-                 f"cycle {cycle_ms} ms")
-        step_s = _hvdtrain_step_s(steps, controller, _settings_env(fusion_mb, cycle_ms))()
-        sweep.append({"controller": controller, "fusion_mb": fusion_mb, "cycle_ms": cycle_ms,
-                      "median_step_s": step_s})
-    best = min(sweep, key=lambda entry: entry["median_step_s"])
-    best_label = (f"hvdtrain {best['controller']} fusion {best['fusion_mb']} MB "
-                  f"cycle {best['cycle_ms']} ms")
+    steps, rounds = (3, 1) if smoke else (100, 5)
     contenders = {
-        "hvdtrain gloo (Horovod defaults)": _hvdtrain_step_s(steps, "gloo"),
-        "hvdtrain mpi (Horovod defaults)": _hvdtrain_step_s(steps, "mpi"),
-        best_label: _hvdtrain_step_s(steps, best["controller"],
-                                     _settings_env(best["fusion_mb"], best["cycle_ms"])),
-        "DDP gloo (torchrun)": _ddp_step_s(steps),
+        "hvdtrain mpi": _hvdtrain(steps, "mpi"),
+        "hvdtrain gloo": _hvdtrain(steps, "gloo"),
+        "hvdtrain mpi, Horovod's way": _hvdtrain(steps, "mpi", "overlap", HOROVODS_WAY),
+        "hvdtrain gloo, Horovod's way": _hvdtrain(steps, "gloo", "overlap", HOROVODS_WAY),
+        DDP: _ddp(steps),
+        ALONE: _processes(steps, 1),
+        CEILING: _processes(steps, 2),
     }
-    if smoke:  # keep one hvdtrain contender and the peer
-        contenders = {name: contenders[name] for name in (best_label, "DDP gloo (torchrun)")}
+    if smoke:
+        contenders = {name: contenders[name] for name in ("hvdtrain mpi", DDP, ALONE)}
     measured = interleaved(contenders, rounds, "ddp comparison")
-    ddp = measured["DDP gloo (torchrun)"]
-    comparison = {name: {"median_step_s": median(values),
-                         "median_ratio_to_ddp": median_ratio(values, ddp), "rounds_s": values}
-                  for name, values in measured.items()}
-    write_result(folder, "ddp", {"model": MODEL, "steps_per_launch": steps, "rounds": rounds,
+    models = {}
+    for model in MODELS:
+        steps_by = {name: [r[model]["median_step_s"] for r in runs]
+                    for name, runs in measured.items()}
+        models[model] = {name: {
+            "median_step_s": median(values),
+            "median_ratio_to_ddp": median_ratio(values, steps_by[DDP]),
+            "efficiency": median_ratio(steps_by[ALONE], values),
+            "breakdown_s": {key.removeprefix("median_"): median(
+                [r[model][key] for r in measured[name]]) for key in measured[name][0][model]
+                if key.startswith("median_") and key != "median_step_s"},
+            "rounds_s": values,
+        } for name, values in steps_by.items()}
+    write_result(folder, "ddp", {"models": MODELS, "steps_per_launch": steps, "rounds": rounds,
                                  "threads_per_rank": 1, "workers": 2,
-                                 "fusion_mb": FUSION_MB, "cycle_ms": CYCLE_MS},
-                 {"sweep": sweep, "best": best, "comparison": comparison})
-    bar_chart(folder / "ddp.png", "Step time, MLP 784-512-512-10, 2 ranks (median)",
-              {name: entry["median_step_s"] * 1e3
-               for name, entry in comparison.items()}, "ms per step")
-    return {"comparison": comparison, "best": best, "best_label": best_label}
+                                 "horovods_way_env": HOROVODS_WAY},
+                 {"targets": TARGETS, "models": models})
+    _plot(folder / "ddp.png", models)
+    return {"models": models}
+
+
+def _plot(path: Path, models: dict) -> None:
+    """One panel per model: each contender's median step time, DDP's as a line."""
+    plt = pyplot()
+    figure, panels = plt.subplots(1, len(models), figsize=(6 * len(models), 5))
+    for axes, (model, entries) in zip(np.atleast_1d(panels), models.items(), strict=True):
+        axes.bar([textwrap.fill(name, 14) for name in entries],
+                 [entry["median_step_s"] * 1e3 for entry in entries.values()],
+                 color="tab:blue")
+        axes.axhline(entries[DDP]["median_step_s"] * 1e3, color="tab:red", linestyle="--",
+                     label=DDP)
+        axes.set_title(f"{model}: median step, 2 ranks x 1 thread")
+        axes.set_ylabel("ms per step")
+        axes.tick_params(axis="x", labelsize="small")
+        axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
 
 
 def targets(summary: dict) -> list[tuple[str, bool]]:
-    ratios = {name: entry["median_ratio_to_ddp"]
-              for name, entry in summary["comparison"].items() if name.startswith("hvdtrain")}
-    fastest = min(ratios, key=ratios.get)
-    return [(f"{fastest}: step time / DDP's = {ratios[fastest]:.3f} (target <= 1)",
-             ratios[fastest] <= 1.0)]
+    verdicts = []
+    for model, entries in summary["models"].items():
+        for name, limit in TARGETS.items():
+            if name in entries:
+                ratio = entries[name]["median_ratio_to_ddp"]
+                verdicts.append((f"{model}: {name} step time / DDP's = {ratio:.3f} "
+                                 f"(target <= {limit:.2f})", ratio <= limit))
+    return verdicts

@@ -5,13 +5,17 @@
   (56 k parameters) for much compute (compute-heavy).
 - ``wide``: 12 fully connected 1024x1024 layers on 16 examples per worker: 12.6 M
   parameters in 26 tensors for little compute (communication-heavy).
+- ``convdense``: two 3x3 conv layers of 32 channels on 32x32x3 images, then six
+  512x512 dense layers, 32 per worker: much compute and 6.3 MB of gradients in 18
+  tensors (compute-heavy, with a real allreduce).
 """
 
 from __future__ import annotations
 
 import torch
 
-BATCH_PER_WORKER = {"mlp": 64, "conv": 32, "wide": 16}
+BATCH_PER_WORKER = {"mlp": 64, "conv": 32, "wide": 16, "convdense": 32}
+IMAGE_MODELS = ("conv", "convdense")
 
 
 def make_model(name: str) -> torch.nn.Module:
@@ -27,6 +31,13 @@ def make_model(name: str) -> torch.nn.Module:
             torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
             torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.ReLU(),
             torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    if name == "convdense":
+        layers = [torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(),
+                  torch.nn.Conv2d(32, 32, 3, padding=1), torch.nn.ReLU(),
+                  torch.nn.AdaptiveAvgPool2d(4), torch.nn.Flatten()]
+        for _ in range(6):
+            layers += [torch.nn.Linear(512, 512), torch.nn.ReLU()]
+        return torch.nn.Sequential(*layers, torch.nn.Linear(512, 10))
     if name == "wide":
         layers: list[torch.nn.Module] = [torch.nn.Linear(784, 1024), torch.nn.ReLU()]
         for _ in range(11):
@@ -39,7 +50,7 @@ def make_batch(name: str, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's synthetic batch for ``name`` (different on every rank)."""
     generator = torch.Generator().manual_seed(1000 + rank)
     batch = BATCH_PER_WORKER[name]
-    shape = (batch, 3, 32, 32) if name == "conv" else (batch, 784)
+    shape = (batch, 3, 32, 32) if name in IMAGE_MODELS else (batch, 784)
     return (torch.randn(*shape, generator=generator),
             torch.randint(0, 10, (batch,), generator=generator))
 

@@ -52,6 +52,13 @@ def digits(seed: int) -> tuple[torch.utils.data.TensorDataset, torch.Tensor, tor
     return train, torch.from_numpy(x_test), torch.from_numpy(y_test)
 
 
+def say(line: str) -> None:
+    """Print ``line`` in one write: launchers forward (and mpirun tags) each write a rank
+    makes, so a print's text and its newline, written apart, can end up on two lines."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 class Progress:
     """Rank 0's progress through an epoch, on stdout with the epoch lines (so that the two
     never interleave out of order): redrawn in place on a terminal; in quarters, one
@@ -69,11 +76,11 @@ class Progress:
             filled = 30 * done // self.total
             bar = "#" * filled + "." * (30 - filled)
             end = "\r" if done < self.total else "\r" + " " * 80 + "\r"
-            print(f"{self.label} [{bar}] {done}/{self.total} loss {loss:.4f}", end=end,
-                  flush=True)
+            sys.stdout.write(f"{self.label} [{bar}] {done}/{self.total} loss {loss:.4f}{end}")
+            sys.stdout.flush()
         elif done * 4 >= self.next_quarter * self.total and done < self.total:
-            print(f"{self.label} {25 * self.next_quarter}% ({done}/{self.total} batches) "
-                  f"loss {loss:.4f}", flush=True)
+            say(f"{self.label} {25 * self.next_quarter}% ({done}/{self.total} batches) "
+                f"loss {loss:.4f}")
             self.next_quarter += 1
 
 
@@ -121,10 +128,10 @@ def main() -> int:
         hvt.broadcast_state(model, optimizer, scheduler)
     if is_root:
         plan = scheduler.schedule_for(args.base_lr)
-        print(f"{hvt.size()} workers, global batch {plan.global_batch_size} (k={plan.scale:g}), "
-              f"{len(loader)} steps/epoch, LR {plan.base_lr:g} -> {plan.target_lr:g} over "
-              f"{plan.warmup_steps} warmup steps"
-              + (f"; resuming after epoch {start_epoch}" if start_epoch else ""), flush=True)
+        say(f"{hvt.size()} workers, global batch {plan.global_batch_size} (k={plan.scale:g}), "
+            f"{len(loader)} steps/epoch, LR {plan.base_lr:g} -> {plan.target_lr:g} over "
+            f"{plan.warmup_steps} warmup steps"
+            + (f"; resuming after epoch {start_epoch}" if start_epoch else ""))
         args.checkpoint.parent.mkdir(parents=True, exist_ok=True)
 
     for epoch in range(start_epoch, args.epochs):
@@ -146,12 +153,12 @@ def main() -> int:
         hvt.verify_replicas(model, optimizer)
         hvt.save_checkpoint(args.checkpoint, model, optimizer, scheduler, epoch=epoch + 1)
         if is_root:
-            print(f"epoch {epoch + 1:>2}/{args.epochs}  lr {scheduler.get_last_lr()[0]:.4f}  "
-                  f"train loss {train_loss:.4f}  test accuracy {accuracy:.4f}  "
-                  f"({time.monotonic() - started:.1f} s, replicas identical)", flush=True)
+            say(f"epoch {epoch + 1:>2}/{args.epochs}  lr {scheduler.get_last_lr()[0]:.4f}  "
+                f"train loss {train_loss:.4f}  test accuracy {accuracy:.4f}  "
+                f"({time.monotonic() - started:.1f} s, replicas identical)")
     if is_root:
-        print(f"final state fingerprint {hvt.state_fingerprint(model, optimizer)}; "
-              f"checkpoint {args.checkpoint}", flush=True)
+        say(f"final state fingerprint {hvt.state_fingerprint(model, optimizer)}; "
+            f"checkpoint {args.checkpoint}")
     hvt.shutdown()
     return 0
 

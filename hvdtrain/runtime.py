@@ -1,4 +1,5 @@
-"""Process-level defaults every adapter applies in its ``init()``, framework-free.
+"""Process-level defaults every adapter applies in its ``init()`` (before MPI starts),
+framework-free.
 
 Horovod warns about a stalled collective after 60 s and, by default, waits forever:
 a rank that skips a collective (a rank-dependent code path) hangs the whole job.
@@ -25,7 +26,21 @@ from hvdtrain import watchdog
 RUNTIME_DEFAULTS = {
     "HOROVOD_STALL_CHECK_TIME_SECONDS": "10",
     "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "30",
+    # Speed (README, "Benchmarks"). Open MPI's waits spin on the core by default; a rank's
+    # background thread spinning for the other rank takes that core from its own backward
+    # pass whenever the ranks have no spare core. Yielding leaves it to the compute.
+    "OMPI_MCA_mpi_yield_when_idle": "1",
+    # Read by hvdtrain's patched Horovod (scripts/patches/horovod/0002-idle-wait.patch):
+    # with nothing to send, the background thread sleeps until a tensor arrives (at most
+    # this many ms) instead of synchronising with every other rank each cycle.
+    "HVDTRAIN_IDLE_WAIT_MS": "100",
 }
+# Only where no accelerator is visible. With HVDTRAIN_IDLE_WAIT_MS an idle rank runs no
+# cycles, so the cycle time only paces the negotiation of tensors already sent: a short
+# one answers sooner (README, "Benchmarks"). On GPUs, where allreduces overlap the
+# backward pass and the cycle decides how many gradients are fused together, Horovod's
+# 1 ms stays.
+CPU_ONLY_DEFAULTS = {"HOROVOD_CYCLE_TIME": "0.1"}
 # Read by mpirun (and so by `horovodrun --mpi`) itself, so they must be in the
 # launcher's environment: `eval "$(hvdtrain env)"` puts them there. Open MPI's daemons
 # talk over TCP links whose default keepalive notices a dead network only after
@@ -43,9 +58,15 @@ _LAUNCHER_RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", 
 _LAUNCHER_SIZE_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 
-def apply_runtime_defaults() -> None:
-    """Set hvdtrain's Horovod defaults, leaving any variable the user already set."""
-    for name, value in RUNTIME_DEFAULTS.items():
+def apply_runtime_defaults(accelerator: bool = True) -> None:
+    """Set hvdtrain's Horovod and MPI defaults, leaving any variable the user already set.
+
+    Args:
+        accelerator: whether this process can see an accelerator (GPU); without one the
+            :data:`CPU_ONLY_DEFAULTS` apply too.
+    """
+    defaults = RUNTIME_DEFAULTS if accelerator else {**RUNTIME_DEFAULTS, **CPU_ONLY_DEFAULTS}
+    for name, value in defaults.items():
         os.environ.setdefault(name, value)
 
 
@@ -96,14 +117,16 @@ def announce_single_worker() -> None:
               file=sys.stderr, flush=True)
 
 
-def init_horovod(horovod_module, comm=None, process_sets=None) -> None:
+def init_horovod(horovod_module, comm=None, process_sets=None, *,
+                 accelerator: bool = True) -> None:
     """``horovod_module.init(comm, process_sets)`` with hvdtrain's defaults, notice and
     collective watchdog (:mod:`hvdtrain.watchdog`).
 
     ``comm`` is Horovod's: None (every process), a list of ranks, or an mpi4py
     communicator (for several independent data-parallel groups in one job).
+    ``accelerator`` says whether the framework sees a GPU (:func:`apply_runtime_defaults`).
     """
-    apply_runtime_defaults()
+    apply_runtime_defaults(accelerator)
     watchdog.timeout_seconds()  # a malformed limit fails before any worker starts waiting
     horovod_module.init(comm=comm, process_sets=process_sets)
     announce_single_worker()

@@ -16,6 +16,8 @@ EXPECTED = {
         "backward_passes_per_step 1.5": "backward_passes_per_step must be an int > 0, got 1.5",
         "unknown compression": "compression must be None, 'fp16' or 'bf16', got 'zip'",
         "unknown op": "op must be hvt.Average, hvt.Sum or hvt.Adasum",
+        "overlap not a bool": "overlap must be True, False or None (automatic), got 'yes'",
+        "overlap off with groups": "groups sets how the allreduces started during backward()",
         "warmup batch 0": "batch_size_per_worker must be an int > 0, got 0",
         "warmup steps_per_epoch 0": "steps_per_epoch must be an int > 0, got 0",
         "warmup negative epochs": "warmup_epochs must be a finite number >= 0",

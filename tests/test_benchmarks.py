@@ -13,8 +13,8 @@ BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 # benchmark -> (result file stem, keys its report must hold)
 REPORTS = {
     "overhead": ("overhead", {"entries", "target_ratio"}),
-    "ddp": ("ddp", {"sweep", "best", "comparison"}),
-    "scaling": ("scaling", {"models", "target_efficiency_conv"}),
+    "ddp": ("ddp", {"models", "targets"}),
+    "scaling": ("scaling", {"models", "target_efficiency_conv_nets"}),
     "bandwidth": ("allreduce", {"sizes"}),
     "keras_throughput": ("keras", {"modes"}),
     "goyal": ("goyal", {"tuned_eta", "baselines", "large_batch"}),

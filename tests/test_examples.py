@@ -55,6 +55,9 @@ def test_the_demo_screen_is_clean_and_its_progress_lines_whole(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     screen = (done.stdout + done.stderr).splitlines()
     assert not [line for line in screen if TENSORFLOW_LOG.search(line)], screen[:5]
+    broken = [line for line in done.stdout.splitlines()
+              if line.count("<stdout>:") != 1 or line.endswith("<stdout>:")]
+    assert not broken, broken[:5]
     rank0 = [line.removeprefix("[1,0]<stdout>:") for line in done.stdout.splitlines()
              if line.startswith("[1,0]<stdout>:")]
     first_epoch = rank0[rank0.index(next(line for line in rank0 if EPOCH_LINE.search(line)))

@@ -30,9 +30,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
-from mpi4py import MPI
 
-from hvdtrain import watchdog
+from hvdtrain import runtime, watchdog
 from hvdtrain.consistency import check_ranks_agree, software_versions
 from hvdtrain.nonfinite import PLAIN_REMEDY, NonFiniteGradientError, nonfinite_gradient_message
 from hvdtrain.replicas import ReplicaMismatchError, checksums, raise_on_mismatch
@@ -44,6 +43,10 @@ from hvdtrain.schedule import (
     LinearScalingSchedule,
 )
 from hvdtrain.validation import require_instance, require_root_rank, require_same_world_size
+
+# mpi4py starts MPI when it is imported, and MPI reads its settings when it starts.
+runtime.apply_runtime_defaults(accelerator=False)
+from mpi4py import MPI  # noqa: E402
 
 __all__ = [
     "DistributedSGD", "LinearScalingWarmup", "NonFiniteGradientError", "ReplicaMismatchError",

@@ -26,6 +26,7 @@ FP16_UNIT, BF16_UNIT = 2.0**-11, 2.0**-8
 @pytest.mark.parametrize(("name", "kind", "passes"), [
     ("sgd", "sgd", 1), ("adam", "adam", 1), ("sgd_groups", "sgd", 1),
     ("sgd_accumulate", "sgd", 2), ("adam_accumulate", "adam", 2),
+    ("sgd_overlap", "sgd", 1), ("adam_accumulate_overlap", "adam", 2),
 ])
 def test_two_workers_equal_one_process_on_the_concatenated_batch(torch_run, name, kind, passes):
     reference = reference_run(kind, passes=passes)
@@ -33,7 +34,17 @@ def test_two_workers_equal_one_process_on_the_concatenated_batch(torch_run, name
         assert max_difference(tensors(torch_run, name, rank), reference) <= FLOAT64_TOLERANCE
 
 
-@pytest.mark.parametrize("name", ["sgd", "adam", "sgd_accumulate", "sgd_fp16", "sgd_bf16"])
+@pytest.mark.parametrize(("name", "overlap"), [
+    ("sgd", False), ("sgd_accumulate", False), ("sgd_groups", True), ("sgd_bf16", True),
+    ("sgd_overlap", True),
+])
+def test_cpu_models_group_their_allreduce_unless_asked_or_needing_per_tensor_ones(
+        torch_run, name, overlap):
+    assert torch_run.report(name)["overlap"] is overlap
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam", "sgd_accumulate", "sgd_fp16", "sgd_bf16",
+                                  "sgd_overlap"])
 def test_ranks_are_bit_identical_after_every_step(torch_run, name):
     rank0, rank1 = torch_run.both(name)
     assert len(rank0["checksums"]) == STEPS

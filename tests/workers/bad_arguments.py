@@ -39,6 +39,8 @@ def torch_cases():
         "backward_passes_per_step 1.5": lambda: wrapped(backward_passes_per_step=1.5),
         "unknown compression": lambda: wrapped(compression="zip"),
         "unknown op": lambda: wrapped(op="mean"),
+        "overlap not a bool": lambda: wrapped(overlap="yes"),
+        "overlap off with groups": lambda: wrapped(overlap=False, groups=2),
         "warmup batch 0": lambda: warmup(batch_size_per_worker=0),
         "warmup steps_per_epoch 0": lambda: warmup(steps_per_epoch=0),
         "warmup negative epochs": lambda: warmup(warmup_epochs=-1),

@@ -67,7 +67,7 @@ def train(name: str, kind: str, passes: int = 1, dtype=torch.float64, **wrapper)
         optimizer.step()
         scheduler.step()
         checksums.append(checksum(model))
-    report(name, lrs=lrs, checksums=checksums)
+    report(name, lrs=lrs, checksums=checksums, overlap=optimizer.overlap)
     save(name, parameters(model))
 
 
@@ -253,6 +253,8 @@ def main() -> None:
         "sgd_accumulate": dict(kind="sgd", passes=2),
         "adam_accumulate": dict(kind="adam", passes=2),
         "sgd_groups": dict(kind="sgd", groups=2),
+        "sgd_overlap": dict(kind="sgd", overlap=True),
+        "adam_accumulate_overlap": dict(kind="adam", passes=2, overlap=True),
         "sgd_fp16": dict(kind="sgd", dtype=torch.float32, compression="fp16"),
         "sgd_bf16": dict(kind="sgd", dtype=torch.float32, compression="bf16"),
         "sgd_float32": dict(kind="sgd", dtype=torch.float32),

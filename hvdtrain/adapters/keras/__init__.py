@@ -74,4 +74,4 @@ Sum = _hvd.Sum
 def init(comm=None, process_sets=None) -> None:
     """Horovod's ``init`` (of the Horovod matching Keras's backend) with hvdtrain's runtime
     defaults (see :mod:`hvdtrain.runtime`); ``comm`` may be an mpi4py communicator."""
-    init_horovod(_hvd, comm, process_sets)
+    init_horovod(_hvd, comm, process_sets, accelerator=collectives.accelerator_visible())

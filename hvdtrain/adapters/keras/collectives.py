@@ -48,6 +48,17 @@ def horovod() -> ModuleType:
     return importlib.import_module(SUPPORTED_BACKENDS[backend])
 
 
+def accelerator_visible() -> bool:
+    """Whether Keras's backend sees a GPU."""
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return bool(tf.config.list_physical_devices("GPU"))
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def require_initialized(what: str) -> None:
     """Raise RuntimeError naming ``what`` unless ``init()`` has run."""
     runtime.require_initialized(horovod().is_initialized(), what, "init()")

@@ -36,6 +36,7 @@ Example (run with ``horovodrun -np 2 python train.py``)::
 from __future__ import annotations
 
 import horovod.torch as _hvd
+import torch
 
 # Horovod's basics, re-exported unchanged so that `import horovod.torch as hvd` scripts
 # keep working.
@@ -120,4 +121,4 @@ def init(comm=None, process_sets=None) -> None:
 
     Without a launcher it prints a one-line notice and runs as a single worker.
     """
-    init_horovod(_hvd, comm, process_sets)
+    init_horovod(_hvd, comm, process_sets, accelerator=torch.cuda.is_available())

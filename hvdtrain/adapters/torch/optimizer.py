@@ -47,13 +47,17 @@ def DistributedOptimizer(
     groups: int | list[list[torch.Tensor]] | None = None,
     skip_nonfinite: bool = False,
     check_nonfinite: bool = True,
+    overlap: bool | None = None,
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that its gradients are averaged over all workers.
 
     Returns an instance of a subclass of ``type(optimizer)`` with the same param
     groups and state: ``step``, ``zero_grad``, ``state_dict``, ``load_state_dict``,
-    ``add_param_group`` behave as before, and each gradient's allreduce starts
-    during ``backward()`` (Horovod's hooks and tensor fusion).
+    ``add_param_group`` behave as before. The gradients are averaged either during
+    ``backward()``, each allreduce starting as soon as its gradient is ready
+    (Horovod's hooks and tensor fusion), or when ``step()`` (or ``synchronize()``) is
+    called, all of a dtype copied into one contiguous buffer and averaged by one
+    allreduce; see ``overlap``.
 
     Args:
         optimizer: any ``torch.optim.Optimizer``.
@@ -74,6 +78,14 @@ def DistributedOptimizer(
             rank, naming the parameter and step) when the averaged gradient has a NaN or
             Inf. The check reads every gradient once more per step (its cost is in
             README.md, "Benchmarks"); pass False to drop it.
+        overlap: True starts each gradient's allreduce during ``backward()``, to
+            overlap communication with the rest of the backward pass; False sends all
+            gradients in one allreduce (per dtype) after it. None (default) overlaps when
+            the parameters live on an accelerator and groups otherwise: on the CPU the
+            allreduce needs the very cores the backward pass is using, so starting it
+            early only interleaves the two and adds a synchronisation with the other
+            ranks per tensor (README.md, "Benchmarks", measures both). ``groups`` and
+            ``compression="bf16"`` imply per-tensor allreduces.
 
     Returns:
         The distributed optimizer; ``skipped_steps`` and ``steps_taken`` count its steps.
@@ -101,8 +113,16 @@ def DistributedOptimizer(
                          or compression == "bf16"):
         raise ValueError("op=Adasum is passed straight to Horovod's Adasum optimizer; it does "
                          "not support backward_passes_per_step > 1, skip_nonfinite or bf16")
+    if overlap is False and groups is not None:
+        raise ValueError("groups sets how the allreduces started during backward() are "
+                         "grouped, so it needs overlap=True (or None); drop one of them")
+    if overlap not in (None, True, False):
+        raise ValueError(f"overlap must be True, False or None (automatic), got {overlap!r}")
 
     named = _named_parameters(optimizer, named_parameters)
+    if overlap is None:
+        overlap = groups is not None or compression == "bf16" or any(
+            p.device.type != "cpu" for _, p in named)
     _check_start_agreement(named, {
         "optimizer class": type(optimizer).__name__,
         "number of param groups": len(optimizer.param_groups),
@@ -110,6 +130,7 @@ def DistributedOptimizer(
         "compression": compression,
         "op": int(op),
         "skip_nonfinite": skip_nonfinite,
+        "overlap": overlap,
         **software_versions("torch", "horovod"),
     })
     if op == Adasum:
@@ -118,7 +139,7 @@ def DistributedOptimizer(
     return _distributed_class(type(optimizer))(
         optimizer, named, compression=compression,
         backward_passes_per_step=backward_passes_per_step, op=op, groups=groups,
-        skip_nonfinite=skip_nonfinite, check_nonfinite=check_nonfinite)
+        skip_nonfinite=skip_nonfinite, check_nonfinite=check_nonfinite, overlap=overlap)
 
 
 class _CheckedAveraging:
@@ -135,7 +156,8 @@ class _CheckedAveraging:
                  named_parameters: list[tuple[str, torch.Tensor]], *,
                  compression: str | None, backward_passes_per_step: int, op,
                  groups: int | list[list[torch.Tensor]] | None,
-                 skip_nonfinite: bool, check_nonfinite: bool) -> None:
+                 skip_nonfinite: bool, check_nonfinite: bool, overlap: bool) -> None:
+        self.overlap = overlap  # read by _make_hook, which Horovod's __init__ calls
         _HorovodOptimizer.__init__(self, optimizer.param_groups, named_parameters,
                                    _HOROVOD_COMPRESSION[compression], backward_passes_per_step,
                                    op, 1.0, groups)
@@ -145,6 +167,7 @@ class _CheckedAveraging:
         self.skipped_steps = 0
         self.steps_taken = 0
         self._bf16 = compression == "bf16"
+        self._flat_gradients: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
         self.load_state_dict(optimizer.state_dict())  # keep state built before wrapping
 
     def synchronize(self) -> None:
@@ -153,8 +176,18 @@ class _CheckedAveraging:
         # Horovod counts down backward passes per parameter; read them before it resets.
         passes = {p: self.backward_passes_per_step - left
                   for p, left in self._allreduce_delay.items()}
-        with watchdog.guard(self._pending_allreduces):
-            _HorovodOptimizer.synchronize(self)
+        self._flat_gradients = []
+        counts = set(passes.values())
+        if self._sends_flat():
+            # When every gradient saw the same number of passes (the usual case), Horovod's
+            # post-scaling divides by it, in the pass that divides by the world size.
+            uniform = len(counts) == 1
+            self._allreduce_flat(1.0 / max(next(iter(counts)), 1) if uniform else 1.0)
+            if uniform:
+                return
+        else:
+            with watchdog.guard(self._pending_allreduces):
+                _HorovodOptimizer.synchronize(self)
         if self.backward_passes_per_step > 1:
             for parameter, count in passes.items():
                 if count > 1 and parameter.grad is not None:
@@ -179,9 +212,76 @@ class _CheckedAveraging:
         with self.skip_synchronize():
             return _HorovodOptimizer.step(self, closure)
 
+    def _make_hook(self, parameter: torch.Tensor):
+        """Horovod's hook (start the allreduce when the gradient is ready) with overlap;
+        without, a hook that only counts the backward passes."""
+        if self.overlap:
+            return _HorovodOptimizer._make_hook(self, parameter)
+
+        def count_pass(*_) -> None:
+            if self._allreduce_delay[parameter] <= 0:
+                raise RuntimeError(
+                    f"the gradient of {self._parameter_names.get(parameter, '<unnamed>')!r} "
+                    f"was computed more than backward_passes_per_step="
+                    f"{self.backward_passes_per_step} times before step(); raise "
+                    "backward_passes_per_step to accumulate more micro-batches")
+            self._allreduce_delay[parameter] -= 1
+
+        return count_pass
+
+    def _sends_flat(self) -> bool:
+        """Whether this step's gradients go in one flat allreduce per dtype (no overlap, a
+        group of workers, dense gradients, no bf16) rather than through Horovod's
+        per-tensor synchronize."""
+        return (not self.overlap and not self._bf16 and bool(self._requires_update)
+                and not any(p.grad is not None and p.grad.is_sparse
+                            for p in self._requires_update))
+
+    def _allreduce_flat(self, postscale: float) -> None:
+        """Average the gradients in one allreduce per dtype and device, each on one
+        contiguous copy of them, in place (so Horovod copies nothing in or out of its
+        fusion buffer); afterwards every gradient is a view into its copy, and the
+        non-finite check reads the copies (:meth:`_first_nonfinite_gradient`)."""
+        by_kind: dict[tuple, list[torch.Tensor]] = {}
+        for group in self.param_groups:
+            for parameter in group["params"]:
+                if parameter in self._requires_update:
+                    if parameter.grad is None:  # another rank may have computed it
+                        parameter.grad = torch.zeros_like(parameter)
+                    by_kind.setdefault((parameter.dtype, parameter.device), []).append(
+                        parameter)
+        pending = []
+        for (dtype, _), parameters in by_kind.items():
+            flat = torch.cat([p.grad.reshape(-1) for p in parameters])
+            wire, context = self._compression.compress(flat)
+            handle = _hvd.allreduce_async_(wire, name=f"hvdtrain.gradients.{dtype}",
+                                           op=self.op, postscale_factor=postscale,
+                                           process_set=self.process_set)
+            pending.append((parameters, flat, context, handle))
+        with watchdog.guard(lambda: self._describe_allreduce(
+                [p for parameters, *_ in pending for p in parameters])):
+            for parameters, flat, context, handle in pending:
+                averaged = self._compression.decompress(_hvd.synchronize(handle), context)
+                if averaged is not flat:
+                    flat.copy_(averaged)
+                offset = 0
+                for parameter in parameters:
+                    size = parameter.numel()
+                    parameter.grad = flat[offset:offset + size].view_as(parameter)
+                    offset += size
+                self._flat_gradients.append((flat, parameters))
+        for parameter in self._allreduce_delay:
+            self._allreduce_delay[parameter] = self.backward_passes_per_step
+        self._handles.clear()
+        self._synchronized = True
+
     def _pending_allreduces(self) -> str:
-        names = [f"allreduce.{self._parameter_names.get(p, '<unnamed>')}"
-                 for p in list(self._handles)]
+        return self._describe_allreduce([p for key in list(self._handles)
+                                         for p in (key if isinstance(key, tuple) else (key,))])
+
+    def _describe_allreduce(self, parameters: list[torch.Tensor]) -> str:
+        """What the watchdog reports when the allreduce of ``parameters`` hangs."""
+        names = [f"allreduce.{self._parameter_names.get(p, '<unnamed>')}" for p in parameters]
         shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
         return f"the gradient allreduce of step {self.steps_taken} ({shown})"
 
@@ -191,15 +291,29 @@ class _CheckedAveraging:
                       if p.grad is not None]
         if not parameters:
             return None
-        # A NaN or Inf anywhere makes the sum non-finite: one read of each gradient and
-        # one device synchronisation in the common case. Only a sum that overflows
-        # without any non-finite element needs the exact look below.
-        if bool(torch.isfinite(torch.stack([p.grad.sum() for p in parameters]).sum())):
+        # A NaN or Inf anywhere makes the sum non-finite: one read of each gradient (of
+        # the flat copies, when the gradients are still views into them) and one device
+        # synchronisation in the common case. Only a sum that overflows without any
+        # non-finite element needs the exact look below.
+        buffers = self._flat_buffers() or [p.grad for p in parameters]
+        if bool(torch.isfinite(torch.stack([b.sum() for b in buffers]).sum())):
             return None
         for parameter in parameters:
             if not bool(torch.isfinite(parameter.grad).all()):
                 return self._parameter_names.get(parameter, "<unnamed>")
         return None
+
+    def _flat_buffers(self) -> list[torch.Tensor]:
+        """The flat copies of the last synchronize, if every gradient is still a view into
+        one of them (nothing replaced a gradient since); otherwise none."""
+        buffers = []
+        for flat, parameters in self._flat_gradients:
+            start, end = flat.data_ptr(), flat.data_ptr() + flat.numel() * flat.element_size()
+            if not all(p.grad is not None and start <= p.grad.data_ptr() < end
+                       for p in parameters):
+                return []
+            buffers.append(flat)
+        return buffers
 
     def _allreduce_grad_async(self, parameter):
         if not self._bf16 or parameter.grad is None or parameter.grad.is_sparse:
