@@ -39,6 +39,9 @@ def run(folder: Path, smoke: bool) -> dict:
                      "median_step_s": {name: median(v) for name, v in rounds_s.items()},
                      "median_ratio": {name: median_ratio(v, rounds_s[baseline])
                                       for name, v in rounds_s.items() if name != baseline}}
+            if "hvdtrain_unchecked" in rounds_s:  # what the non-finite check alone costs
+                entry["check_cost_ratio"] = median_ratio(rounds_s["hvdtrain"],
+                                                         rounds_s["hvdtrain_unchecked"])
             entries.append(entry)
             progress("  " + ", ".join(f"{name} ratio {ratio:.3f}"
                                       for name, ratio in entry["median_ratio"].items()))

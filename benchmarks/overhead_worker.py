@@ -4,7 +4,8 @@ rank: ``python overhead_worker.py ROUNDS STEPS``.
 Three copies of the MLP (models.py), wrapped by ``horovod.torch.DistributedOptimizer``,
 by ``hvdtrain.adapters.torch.DistributedOptimizer`` (default: with the non-finite
 check) and by the latter with ``check_nonfinite=False``, train in rotation (A B C,
-B C A, ...) for ROUNDS rounds of STEPS timed steps each, one compute thread per rank.
+B C A, ...) for ROUNDS rounds of STEPS timed steps each, one compute thread per rank,
+all three under hvdtrain's runtime defaults (``hvt.init()`` applies them to the process).
 Rank 0 prints ``RESULT {json}`` with each round's median step time per contender.
 """
 

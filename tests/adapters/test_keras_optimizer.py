@@ -1,9 +1,8 @@
 """DistributedOptimizer and load_model (hvdtrain/adapters/keras/optimizer.py) on 2 real
 ranks (Gloo and MPI) against one plain-Keras process.
 
-One launch per controller runs tests/workers/keras_adapter.py (TensorFlow backend),
-and one per controller runs its fit scenarios on Keras's torch backend
-(tests/adapters/conftest.py); a scenario that failed fails its tests with its name.
+The launches, shared by tests/adapters/test_keras_*.py: conftest.py's ``keras_run`` and
+``keras_torch_run``.
 """
 
 import keras

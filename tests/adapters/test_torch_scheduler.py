@@ -1,9 +1,7 @@
 """LinearScalingWarmup (hvdtrain/adapters/torch/scheduler.py)
 on 2 real ranks (Gloo and MPI).
 
-The launch is shared: tests/adapters/conftest.py's ``torch_run`` runs every scenario of
-tests/workers/torch_adapter.py once per controller; a scenario that failed fails its
-tests with its name and traceback.
+The launch, shared by tests/adapters/test_torch_*.py: conftest.py's ``torch_run``.
 """
 
 import pytest
