@@ -1,40 +1,62 @@
-"""Goyal et al. 2017's Table 1 at small scale, on every rank of a 2-rank horovodrun job:
-``python goyal_worker.py RUNS.json``.
+"""Goyal et al. 2017's Table 1 in small, on every rank of a 2-rank horovodrun job:
+``python goyal_worker.py SPEC.json``.
 
-RUNS.json holds ``{"epochs", "milestones", "runs": [{"label", "batch_per_worker",
-"eta", "warmup", "seed"}, ...]}``. Each run trains a fresh MLP (64-128-128-10) on
-scikit-learn's digits (1437 training, 360 validation images) with SGD (momentum 0.9,
-weight decay 1e-4) through hvdtrain's DistributedOptimizer; the global batch is
-2 x batch_per_worker, so k = global batch / 32 and the learning rate follows
+SPEC.json holds ``{"data": NPZ, "epochs", "milestones", "base_batch", "runs": [...],
+"verify": {...} or null}``. NPZ (written by goyal.py) holds MNIST-1D's training and
+validation arrays ``x``, ``y``, ``x_val``, ``y_val``.
+
+Each run ``{"label", "k", "eta", "warmup", "seed", "micro_batch", "passes"}`` trains a
+fresh 1-D conv net (:func:`make_model`) with SGD (momentum 0.9, weight decay 1e-4)
+through hvdtrain's DistributedOptimizer. The global batch is k x base_batch: each of
+the 2 ranks runs ``passes`` backward passes of ``micro_batch`` examples per optimizer
+step (``backward_passes_per_step``), so k counts ranks x passes, and the rate follows
 ``warmup``:
 
 - ``gradual``: hvdtrain's LinearScalingWarmup (η rising linearly to kη over 5 epochs);
 - ``none``: kη from the first step (LinearScalingWarmup with warmup_epochs=0);
 - ``constant``: η for the first 5 epochs, then kη (the paper's constant warmup).
 
-All decay by 10x at each milestone epoch. Rank 0 prints ``RESULT {json}`` with, per
-run, the final validation error and the training loss of every epoch (mean over ranks).
+All decay by 10x at each milestone epoch; every k trains the same number of epochs,
+so a larger k takes fewer steps. ``verify`` (``{"passes", "micro_batch", "steps"}``)
+first checks that accumulation is exact: the 2-rank run with ``passes`` backward
+passes per step against one plain-PyTorch process on the concatenated batch, in
+float64 and float32. Rank 0 prints ``RESULT {json}``.
 """
 
 import json
 import sys
+import time
 
+import numpy as np
 import torch
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 
 import hvdtrain.adapters.torch as hvt
 from hvdtrain.schedule import LinearScalingSchedule
 
-BASE_BATCH, WARMUP_EPOCHS, GAMMA = 32, 5, 0.1
+WARMUP_EPOCHS, GAMMA, MOMENTUM, WEIGHT_DECAY = 5, 0.1, 0.9, 1e-4
 
 
-def digits() -> tuple[torch.Tensor, ...]:
-    x, y = load_digits(return_X_y=True)
-    x_train, x_val, y_train, y_val = train_test_split(
-        x / 16.0, y, test_size=360, stratify=y, random_state=0)
-    return (torch.tensor(x_train, dtype=torch.float32), torch.tensor(y_train),
-            torch.tensor(x_val, dtype=torch.float32), torch.tensor(y_val))
+def make_model(seed: int, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """Two strided 1-D convolutions (16 channels) and a linear classifier over 40 steps:
+    3.4 k parameters, no normalisation layer, so how a batch is split into
+    micro-batches does not change the gradient."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Unflatten(1, (1, 40)),
+        torch.nn.Conv1d(1, 16, 5, stride=2, padding=2), torch.nn.ReLU(),
+        torch.nn.Conv1d(16, 16, 3, stride=2, padding=1), torch.nn.ReLU(),
+        torch.nn.Flatten(), torch.nn.Linear(16 * 10, 10)).to(dtype)
+
+
+def load(path: str) -> dict[str, torch.Tensor]:
+    arrays = np.load(path)
+    return {name: torch.from_numpy(arrays[name]) for name in ("x", "y", "x_val", "y_val")}
+
+
+def my_rows(rows: torch.Tensor, micro: int, micro_batch: int) -> torch.Tensor:
+    """This rank's ``micro``-th micro-batch of one optimizer step's global batch."""
+    start = (micro * hvt.size() + hvt.rank()) * micro_batch
+    return rows[start:start + micro_batch]
 
 
 def constant_warmup_lr(no_warmup: LinearScalingSchedule, step: int) -> float:
@@ -44,46 +66,90 @@ def constant_warmup_lr(no_warmup: LinearScalingSchedule, step: int) -> float:
     return no_warmup.lr_at(step)
 
 
-def train(run: dict, epochs: int, milestones: list[int], data) -> dict:
-    x_train, y_train, x_val, y_val = data
-    torch.manual_seed(run["seed"])
-    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),
-                                torch.nn.Linear(128, 128), torch.nn.ReLU(),
-                                torch.nn.Linear(128, 10))
+def train(run: dict, spec: dict, data: dict[str, torch.Tensor]) -> dict:
+    x, y = data["x"].float(), data["y"]
+    micro_batch, passes = run["micro_batch"], run["passes"]
+    global_batch = micro_batch * passes * hvt.size()
+    steps_per_epoch = len(x) // global_batch
+    started = time.monotonic()
+    model = make_model(run["seed"])
     optimizer = hvt.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=run["eta"], momentum=0.9, weight_decay=1e-4),
-        model.named_parameters())
-    per_worker, workers = run["batch_per_worker"], hvt.size()
-    global_batch = per_worker * workers
-    steps_per_epoch = len(x_train) // global_batch
+        torch.optim.SGD(model.parameters(), lr=run["eta"], momentum=MOMENTUM,
+                        weight_decay=WEIGHT_DECAY),
+        model.named_parameters(), backward_passes_per_step=passes)
     scheduler = hvt.LinearScalingWarmup(
-        optimizer, batch_size_per_worker=per_worker, steps_per_epoch=steps_per_epoch,
-        base_batch_size=BASE_BATCH, milestones=milestones, gamma=GAMMA,
-        warmup_epochs=WARMUP_EPOCHS if run["warmup"] == "gradual" else 0)
+        optimizer, batch_size_per_worker=micro_batch, steps_per_epoch=steps_per_epoch,
+        base_batch_size=spec["base_batch"], milestones=spec["milestones"], gamma=GAMMA,
+        warmup_epochs=WARMUP_EPOCHS if run["warmup"] == "gradual" else 0,
+        backward_passes_per_step=passes)
     hvt.broadcast_state(model, optimizer, scheduler)
     no_warmup = scheduler.schedule_for(run["eta"])
-    losses = []
-    for epoch in range(epochs):
-        order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(
+    losses, errors = [], []
+    for epoch in range(spec["epochs"]):
+        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(
             run["seed"] * 1000 + epoch))
-        epoch_loss = 0.0
+        loss_sum = wrong = 0.0
         for batch in range(steps_per_epoch):
             rows = order[batch * global_batch:(batch + 1) * global_batch]
-            mine = rows[hvt.rank() * per_worker:(hvt.rank() + 1) * per_worker]
             if run["warmup"] == "constant":
                 for group in optimizer.param_groups:
                     group["lr"] = constant_warmup_lr(no_warmup, epoch * steps_per_epoch + batch)
             optimizer.zero_grad()
-            loss = torch.nn.functional.cross_entropy(model(x_train[mine]), y_train[mine])
-            loss.backward()
+            for micro in range(passes):
+                mine = my_rows(rows, micro, micro_batch)
+                logits = model(x[mine])
+                loss = torch.nn.functional.cross_entropy(logits, y[mine])
+                loss.backward()
+                loss_sum += loss.item()
+                wrong += float((logits.argmax(dim=1) != y[mine]).sum())
             optimizer.step()
             scheduler.step()
-            epoch_loss += loss.item()
-        losses.append(hvt.average_metrics({"loss": epoch_loss / steps_per_epoch})["loss"])
+        # Every rank trains on as many examples, so the plain mean over ranks is exact.
+        epoch_metrics = hvt.average_metrics({
+            "loss": loss_sum / (steps_per_epoch * passes),
+            "error": wrong / (steps_per_epoch * passes * micro_batch)})
+        losses.append(epoch_metrics["loss"])
+        errors.append(epoch_metrics["error"])
     with torch.no_grad():
-        error = float((model(x_val).argmax(dim=1) != y_val).float().mean())
-    return {**run, "k": global_batch / BASE_BATCH, "steps_per_epoch": steps_per_epoch,
-            "val_error": error, "train_loss": losses}
+        predictions = model(data["x_val"].float()).argmax(dim=1)
+        val_error = float((predictions != data["y_val"]).float().mean())
+    return {**run, "global_batch": global_batch, "steps_per_epoch": steps_per_epoch,
+            "target_lr": no_warmup.target_lr, "val_error": val_error,
+            "train_loss": losses, "train_error": errors,
+            "seconds": time.monotonic() - started}
+
+
+def verify_accumulation(check: dict, data: dict[str, torch.Tensor]) -> dict:
+    """The largest parameter difference, per dtype, between 2 ranks x ``passes`` backward
+    passes per step through hvdtrain and one process on the concatenated batch."""
+    micro_batch, passes, steps = check["micro_batch"], check["passes"], check["steps"]
+    global_batch = micro_batch * passes * hvt.size()
+    differences = {}
+    for dtype in (torch.float64, torch.float32):
+        x, y = data["x"].to(dtype), data["y"]
+        model, reference = make_model(7, dtype), make_model(7, dtype)
+        optimizer = hvt.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.05, momentum=MOMENTUM,
+                            weight_decay=WEIGHT_DECAY),
+            model.named_parameters(), backward_passes_per_step=passes)
+        plain = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=MOMENTUM,
+                                weight_decay=WEIGHT_DECAY)
+        for step in range(steps):
+            rows = torch.arange(step * global_batch, (step + 1) * global_batch)
+            optimizer.zero_grad()
+            for micro in range(passes):
+                mine = my_rows(rows, micro, micro_batch)
+                torch.nn.functional.cross_entropy(model(x[mine]), y[mine]).backward()
+            optimizer.step()
+            plain.zero_grad()
+            torch.nn.functional.cross_entropy(reference(x[rows]), y[rows]).backward()
+            plain.step()
+        with torch.no_grad():
+            differences[str(dtype).removeprefix("torch.")] = max(
+                float((mine - theirs).abs().max())
+                for mine, theirs in zip(model.parameters(), reference.parameters(), strict=True))
+    return {**check, "workers": hvt.size(), "global_batch": global_batch,
+            "max_abs_parameter_difference": differences}
 
 
 def main() -> None:
@@ -91,10 +157,12 @@ def main() -> None:
         spec = json.load(file)
     torch.set_num_threads(1)
     hvt.init()
-    data = digits()
-    results = [train(run, spec["epochs"], spec["milestones"], data) for run in spec["runs"]]
+    data = load(spec["data"])
+    verified = verify_accumulation(spec["verify"], data) if spec.get("verify") else None
+    results = [train(run, spec, data) for run in spec["runs"]]
     if hvt.rank() == 0:
-        print("RESULT " + json.dumps({"workers": hvt.size(), "runs": results}), flush=True)
+        print("RESULT " + json.dumps({"workers": hvt.size(), "verify": verified,
+                                      "runs": results}), flush=True)
 
 
 if __name__ == "__main__":

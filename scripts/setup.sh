@@ -222,8 +222,8 @@ install_horovod() {
 }
 
 install_hvdtrain() {
-    stage "hvdtrain (editable, with its test and plot extras) and a check of Horovod's build"
-    pip_install --no-build-isolation -e "$REPO_ROOT[torch,tensorflow,test]"
+    stage "hvdtrain (editable, with its test and benchmark extras) and a check of Horovod's build"
+    pip_install --no-build-isolation -e "$REPO_ROOT[torch,tensorflow,test,bench]"
     local report
     # stderr only carries TensorFlow's start-up chatter, unless the check itself fails.
     report="$("$VENV/bin/horovodrun" --check-build 2>"$BUILD_DIR/check-build.err")" \

@@ -17,7 +17,7 @@ STEPS_PER_EPOCH = 5
 WARMUP_EPOCHS = 2
 
 
-def make_data(steps: int = STEPS, batch: int = BATCH_PER_WORKER * WORKERS * 2,
+def make_data(steps: int = STEPS, batch: int = BATCH_PER_WORKER * WORKERS * 4,
               dtype=torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
     """Enough rows for ``steps`` steps of the largest global batch used here."""
     generator = torch.Generator().manual_seed(7)
