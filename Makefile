@@ -23,7 +23,7 @@ test: lint
 doctor: setup
 	$(VENV)/bin/hvdtrain doctor
 
-# The benchmarks of README.md's "Benchmarks" (about 30 min on 2 cores): results and
+# The benchmarks of README.md's "Benchmarks" (about 50 min on 2 cores): results and
 # plots go to benchmarks/results/.
 bench: setup
 	$(PYTHON) benchmarks/run.py

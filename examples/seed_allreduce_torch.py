@@ -35,11 +35,8 @@ def one_step(distributed: bool) -> tuple[torch.Tensor, torch.Tensor]:
         optimizer = hvt.DistributedOptimizer(optimizer, [("w", weights)])
     loss = (weights * torch.tensor(GRADIENTS[hvt.rank()], dtype=torch.float64)).sum()
     loss.backward()
-    if distributed:
-        optimizer.synchronize()  # the averaged gradient, before step() applies it
-    gradient = weights.grad.detach().clone()
-    optimizer.step()
-    return weights.detach(), gradient
+    optimizer.step()  # distributed: averages the gradients, then applies them
+    return weights.detach(), weights.grad.detach()
 
 
 def main() -> int:

@@ -24,7 +24,10 @@ FP16_UNIT, BF16_UNIT = 2.0**-11, 2.0**-8
 @pytest.mark.parametrize(("name", "kind", "passes"), [
     ("sgd", "sgd", 1), ("adam", "adam", 1), ("sgd_groups", "sgd", 1),
     ("sgd_accumulate", "sgd", 2), ("adam_accumulate", "adam", 2),
+    # 2 ranks x 4 passes: the "8-worker equivalent" benchmark 6 relies on
+    ("sgd_accumulate4", "sgd", 4),
     ("sgd_overlap", "sgd", 1), ("adam_accumulate_overlap", "adam", 2),
+    ("sgd_predivide", "sgd", 1),  # Horovod's gradient_predivide_factor: the same mean
 ])
 def test_two_workers_equal_one_process_on_the_concatenated_batch(torch_run, name, kind, passes):
     reference = reference_run(kind, passes=passes)

@@ -41,6 +41,14 @@ def torch_cases():
         "unknown op": lambda: wrapped(op="mean"),
         "overlap not a bool": lambda: wrapped(overlap="yes"),
         "overlap off with groups": lambda: wrapped(overlap=False, groups=2),
+        "duplicate parameter names": lambda: hvt.DistributedOptimizer(
+            sgd(), [("weight", model.weight), ("weight", model.bias)]),
+        "parameters left unnamed": lambda: hvt.DistributedOptimizer(
+            sgd(), [("weight", model.weight)]),
+        "named_parameters not pairs": lambda: hvt.DistributedOptimizer(sgd(), [model.weight]),
+        "predivide with Sum": lambda: wrapped(gradient_predivide_factor=2.0, op=hvt.Sum),
+        "predivide 0": lambda: wrapped(gradient_predivide_factor=0),
+        "process_set not a set": lambda: wrapped(process_set=[0]),
         "warmup batch 0": lambda: warmup(batch_size_per_worker=0),
         "warmup steps_per_epoch 0": lambda: warmup(steps_per_epoch=0),
         "warmup negative epochs": lambda: warmup(warmup_epochs=-1),

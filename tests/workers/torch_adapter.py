@@ -7,6 +7,7 @@ them with an independent single-process computation and across ranks.
 
 import functools
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -222,7 +223,8 @@ def scenario_grad_scaler() -> None:
         part = rows(step, 0, hvt.rank(), 1)
         scaler.scale(loss_fn(model, x[part], y[part])).backward()
         optimizer.synchronize()
-        scaler.step(optimizer)
+        with optimizer.skip_synchronize():
+            scaler.step(optimizer)
         scaler.update()
     save("grad_scaler", parameters(model))
     report("grad_scaler", checksum=checksum(model), scale=scaler.get_scale())
@@ -244,6 +246,34 @@ def scenario_metrics_and_sampler() -> None:
     report("metrics", averaged=averaged, key_error=key_error, sampler=epochs)
 
 
+def scenario_horovod_api() -> None:
+    """Horovod's own names, called through hvdtrain's module as a Horovod script would."""
+    hvt.barrier()
+    model = make_model(seed=40 + hvt.rank())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    hvt.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvt.broadcast_optimizer_state(optimizer, root_rank=0)
+    broadcast_checksum = checksum(model)
+    mine = torch.arange(4, dtype=torch.float64) + 10 * hvt.rank()
+    summed = hvt.grouped_allreduce([mine, 2 * mine], op=hvt.Sum)
+    scattered = hvt.reducescatter(mine, op=hvt.Sum)
+    exchanged, _ = hvt.alltoall(mine, torch.tensor([2, 2], dtype=torch.int32))
+    handle = hvt.allreduce_async(mine, op=hvt.Max, name="horovod_api.max")
+    largest = hvt.synchronize(handle)
+    wrapped = hvt.DistributedOptimizer(optimizer, model.named_parameters())
+    x, y = make_data()
+    loss_fn(model, x[:4], y[:4]).backward()
+    wrapped.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        wrapped.step()  # Horovod warns here; so do we
+    report("horovod_api", checksum=broadcast_checksum, summed=[t.tolist() for t in summed],
+           scattered=scattered.tolist(), exchanged=exchanged.tolist(),
+           largest=largest.tolist(), cross=[hvt.cross_rank(), hvt.cross_size()],
+           controllers=[hvt.mpi_enabled(), hvt.gloo_enabled()],
+           warnings=[str(warning.message) for warning in caught])
+
+
 def main() -> None:
     hvt.init()
     torch.set_num_threads(1)
@@ -251,8 +281,10 @@ def main() -> None:
         "sgd": dict(kind="sgd"),
         "adam": dict(kind="adam"),
         "sgd_accumulate": dict(kind="sgd", passes=2),
+        "sgd_accumulate4": dict(kind="sgd", passes=4),
         "adam_accumulate": dict(kind="adam", passes=2),
         "sgd_groups": dict(kind="sgd", groups=2),
+        "sgd_predivide": dict(kind="sgd", gradient_predivide_factor=2.0),
         "sgd_overlap": dict(kind="sgd", overlap=True),
         "adam_accumulate_overlap": dict(kind="adam", passes=2, overlap=True),
         "sgd_fp16": dict(kind="sgd", dtype=torch.float32, compression="fp16"),
@@ -269,6 +301,7 @@ def main() -> None:
         "checkpoint": scenario_checkpoint,
         "grad_scaler": scenario_grad_scaler,
         "metrics": scenario_metrics_and_sampler,
+        "horovod_api": scenario_horovod_api,
     })
     hvt.shutdown()
 

@@ -4,12 +4,14 @@ agreement check, the non-finite check, the collective watchdog)."""
 
 from __future__ import annotations
 
+import warnings
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
 import horovod.torch as _hvd
 import torch
-from horovod.torch import Adasum, Average, Compression, Sum
+from horovod.torch import Adasum, Average, Compression, ProcessSet, Sum, global_process_set
 
 # Horovod's optimizer class: its methods add the gradient hooks, fusion and
 # synchronize(); DistributedOptimizer builds on them (see _distributed_class).
@@ -24,7 +26,12 @@ from hvdtrain.consistency import (
     software_versions,
 )
 from hvdtrain.nonfinite import NonFiniteGradientError, nonfinite_gradient_message
-from hvdtrain.validation import require_compression, require_instance, require_positive_int
+from hvdtrain.validation import (
+    require_compression,
+    require_instance,
+    require_positive_int,
+    require_positive_number,
+)
 
 __all__ = ["DistributedOptimizer", "NonFiniteGradientError", "ParameterMismatchError"]
 
@@ -48,6 +55,10 @@ def DistributedOptimizer(
     skip_nonfinite: bool = False,
     check_nonfinite: bool = True,
     overlap: bool | None = None,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    sparse_as_dense: bool = False,
+    process_set: ProcessSet = global_process_set,
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that its gradients are averaged over all workers.
 
@@ -86,6 +97,14 @@ def DistributedOptimizer(
             early only interleaves the two and adds a synchronisation with the other
             ranks per tensor (README.md, "Benchmarks", measures both). ``groups`` and
             ``compression="bf16"`` imply per-tensor allreduces.
+        gradient_predivide_factor: Horovod's: with ``op=Average``, each rank divides its
+            gradient by this factor before the sum and the sum is multiplied by
+            factor / size after it (same mean, other rounding).
+        num_groups: Horovod's deprecated spelling of an int ``groups``.
+        sparse_as_dense: Horovod's: send sparse gradients (embeddings) as dense tensors
+            instead of allgathering their values and indices.
+        process_set: Horovod's: average over the ranks of this process set only (every
+            rank of it must wrap its optimizer; ranks outside it do not take part).
 
     Returns:
         The distributed optimizer; ``skipped_steps`` and ``steps_taken`` count its steps.
@@ -96,12 +115,13 @@ def DistributedOptimizer(
         RankDisagreementError: on every rank, when the ranks' settings or software differ.
 
     With ``torch.amp.GradScaler``, call ``optimizer.synchronize()`` before
-    ``scaler.unscale_(optimizer)`` or ``scaler.step(optimizer)``; ``step()`` then does
-    not synchronize again.
+    ``scaler.unscale_(optimizer)``, then ``scaler.step(optimizer)`` inside ``with
+    optimizer.skip_synchronize():`` (Horovod's pattern; without it, ``step()`` warns).
     """
-    require_initialized("DistributedOptimizer")
     require_instance("optimizer", optimizer, torch.optim.Optimizer,
                      "a torch.optim.Optimizer, e.g. torch.optim.SGD(model.parameters(), lr=0.1)")
+    named = _named_parameters(optimizer, named_parameters)
+    require_initialized("DistributedOptimizer")
     compression = _compression_name(compression)
     require_positive_int("backward_passes_per_step", backward_passes_per_step)
     if op not in (Average, Sum, Adasum):
@@ -118,28 +138,45 @@ def DistributedOptimizer(
                          "grouped, so it needs overlap=True (or None); drop one of them")
     if overlap not in (None, True, False):
         raise ValueError(f"overlap must be True, False or None (automatic), got {overlap!r}")
+    require_positive_number("gradient_predivide_factor", gradient_predivide_factor)
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor splits an average into a pre- and a "
+                         "post-scaling, so it needs op=hvt.Average (or leave it at 1.0)")
+    require_instance("process_set", process_set, ProcessSet,
+                     "a Horovod process set, e.g. hvt.add_process_set([0, 1])")
+    if num_groups:
+        warnings.warn("num_groups is Horovod's deprecated spelling of groups; pass "
+                      f"groups={num_groups} instead", DeprecationWarning, stacklevel=2)
+        groups = num_groups if groups is None else groups
 
-    named = _named_parameters(optimizer, named_parameters)
     if overlap is None:
         overlap = groups is not None or compression == "bf16" or any(
             p.device.type != "cpu" for _, p in named)
-    _check_start_agreement(named, {
-        "optimizer class": type(optimizer).__name__,
-        "number of param groups": len(optimizer.param_groups),
-        "backward_passes_per_step": backward_passes_per_step,
-        "compression": compression,
-        "op": int(op),
-        "skip_nonfinite": skip_nonfinite,
-        "overlap": overlap,
-        **software_versions("torch", "horovod"),
-    })
+    # A rank outside the process set trains on its own gradients (Horovod's meaning), so
+    # it has no one to agree with.
+    if process_set.included():
+        _check_start_agreement(named, process_set, {
+            "optimizer class": type(optimizer).__name__,
+            "number of param groups": len(optimizer.param_groups),
+            "backward_passes_per_step": backward_passes_per_step,
+            "compression": compression,
+            "op": int(op),
+            "skip_nonfinite": skip_nonfinite,
+            "overlap": overlap,
+            "gradient_predivide_factor": gradient_predivide_factor,
+            "sparse_as_dense": sparse_as_dense,
+            **software_versions("torch", "horovod"),
+        })
     if op == Adasum:
         return _hvd.DistributedOptimizer(optimizer, named,
-                                         compression=_HOROVOD_COMPRESSION[compression], op=Adasum)
+                                         compression=_HOROVOD_COMPRESSION[compression], op=Adasum,
+                                         process_set=process_set)
     return _distributed_class(type(optimizer))(
         optimizer, named, compression=compression,
         backward_passes_per_step=backward_passes_per_step, op=op, groups=groups,
-        skip_nonfinite=skip_nonfinite, check_nonfinite=check_nonfinite, overlap=overlap)
+        skip_nonfinite=skip_nonfinite, check_nonfinite=check_nonfinite, overlap=overlap,
+        gradient_predivide_factor=gradient_predivide_factor, sparse_as_dense=sparse_as_dense,
+        process_set=process_set)
 
 
 class _CheckedAveraging:
@@ -156,11 +193,14 @@ class _CheckedAveraging:
                  named_parameters: list[tuple[str, torch.Tensor]], *,
                  compression: str | None, backward_passes_per_step: int, op,
                  groups: int | list[list[torch.Tensor]] | None,
-                 skip_nonfinite: bool, check_nonfinite: bool, overlap: bool) -> None:
+                 skip_nonfinite: bool, check_nonfinite: bool, overlap: bool,
+                 gradient_predivide_factor: float, sparse_as_dense: bool,
+                 process_set: ProcessSet) -> None:
         self.overlap = overlap  # read by _make_hook, which Horovod's __init__ calls
         _HorovodOptimizer.__init__(self, optimizer.param_groups, named_parameters,
                                    _HOROVOD_COMPRESSION[compression], backward_passes_per_step,
-                                   op, 1.0, groups)
+                                   op, gradient_predivide_factor, groups, sparse_as_dense,
+                                   process_set)
         self.defaults = optimizer.defaults  # Horovod rebuilds with the class's defaults
         self.skip_nonfinite = skip_nonfinite
         self.check_nonfinite = check_nonfinite or skip_nonfinite
@@ -174,6 +214,9 @@ class _CheckedAveraging:
         """Finish the allreduce of every gradient; afterwards each holds the mean over
         all workers and, with ``backward_passes_per_step > 1``, over the micro-batches."""
         # Horovod counts down backward passes per parameter; read them before it resets.
+        if not self.process_set.included():  # nothing to average with (Horovod's meaning)
+            self._synchronized = True
+            return
         passes = {p: self.backward_passes_per_step - left
                   for p, left in self._allreduce_delay.items()}
         self._flat_gradients = []
@@ -199,11 +242,19 @@ class _CheckedAveraging:
         With ``skip_nonfinite=True``, a step whose averaged gradient has a NaN or Inf
         on any rank is skipped on every rank and counted in ``skipped_steps``.
         """
-        if self._should_synchronize and not self._synchronized:
-            self.synchronize()
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn(
+                    "optimizer.step() called without optimizer.skip_synchronize() after "
+                    "optimizer.synchronize(): hvdtrain does not average again, but Horovod "
+                    "does; wrap step() in `with optimizer.skip_synchronize():`",
+                    stacklevel=2)
+            else:
+                self.synchronize()
         step, self.steps_taken = self.steps_taken, self.steps_taken + 1
         nonfinite = self._first_nonfinite_gradient() if self.check_nonfinite else None
-        if self.skip_nonfinite and _on_any_rank(nonfinite is not None):
+        if self.skip_nonfinite and (_on_any_rank(nonfinite is not None, self.process_set)
+                                    if self.process_set.included() else nonfinite is not None):
             self.skipped_steps += 1
             self._synchronized = False
             return None
@@ -250,12 +301,15 @@ class _CheckedAveraging:
                         parameter.grad = torch.zeros_like(parameter)
                     by_kind.setdefault((parameter.dtype, parameter.device), []).append(
                         parameter)
+        # Horovod's own split of an average (see its _allreduce_grad_async).
+        predivide = self.gradient_predivide_factor if self.op == Average else 1.0
         pending = []
         for (dtype, _), parameters in by_kind.items():
             flat = torch.cat([p.grad.reshape(-1) for p in parameters])
             wire, context = self._compression.compress(flat)
             handle = _hvd.allreduce_async_(wire, name=f"hvdtrain.gradients.{dtype}",
-                                           op=self.op, postscale_factor=postscale,
+                                           op=self.op, prescale_factor=1.0 / predivide,
+                                           postscale_factor=postscale * predivide,
                                            process_set=self.process_set)
             pending.append((parameters, flat, context, handle))
         with watchdog.guard(lambda: self._describe_allreduce(
@@ -331,11 +385,13 @@ def _distributed_class(base: type) -> type:
     return type(base.__name__, (base,), methods)
 
 
-def _on_any_rank(condition: bool) -> bool:
-    """True on every rank when ``condition`` holds on at least one (one scalar allreduce)."""
+def _on_any_rank(condition: bool, process_set: ProcessSet) -> bool:
+    """True on every rank of ``process_set`` when ``condition`` holds on at least one
+    (one scalar allreduce)."""
     flag = torch.tensor(1.0 if condition else 0.0, dtype=torch.float64)
     with watchdog.guard("the non-finite gradient vote (hvdtrain.any_rank)"):
-        return _hvd.allreduce(flag, op=Sum, name="hvdtrain.any_rank").item() > 0
+        return _hvd.allreduce(flag, op=Sum, name="hvdtrain.any_rank",
+                              process_set=process_set).item() > 0
 
 
 def _bf16_allreduce_async(gradient: torch.Tensor, name: str, op) -> Any:
@@ -371,22 +427,42 @@ def _compression_name(compression: Any) -> str | None:
 def _named_parameters(optimizer: torch.optim.Optimizer,
                       named_parameters: Iterable[tuple[str, torch.Tensor]] | None
                       ) -> list[tuple[str, torch.Tensor]]:
-    if named_parameters is not None:
-        return list(named_parameters)
-    return [(f"param_group{i}.{j}", p) for i, group in enumerate(optimizer.param_groups)
-            for j, p in enumerate(group["params"])]
+    """``named_parameters`` as a list, checked as Horovod checks it (ValueError), or
+    generated names when it is None."""
+    if named_parameters is None:
+        return [(f"param_group{i}.{j}", p) for i, group in enumerate(optimizer.param_groups)
+                for j, p in enumerate(group["params"])]
+    named = list(named_parameters)
+    if not all(isinstance(pair, tuple) and len(pair) == 2 for pair in named):
+        raise ValueError("named_parameters must hold (name, parameter) pairs, as "
+                         "model.named_parameters() gives them")
+    duplicates = sorted(name for name, count in Counter(name for name, _ in named).items()
+                        if count > 1)
+    if duplicates:
+        raise ValueError(f"named_parameters has duplicate names: {', '.join(duplicates)}. "
+                         "Names pair each allreduce across ranks; prefix each model's "
+                         "names (e.g. [('gen.' + n, p) for n, p in gen.named_parameters()])")
+    named_ids = {id(p) for _, p in named}
+    unnamed = sum(id(p) not in named_ids for group in optimizer.param_groups
+                  for p in group["params"])
+    if unnamed:
+        raise ValueError(f"{unnamed} of the optimizer's parameters are not in "
+                         "named_parameters; pass model.named_parameters() of the model "
+                         "whose parameters the optimizer holds (or leave it None)")
+    return named
 
 
 def _check_start_agreement(named_parameters: list[tuple[str, torch.Tensor]],
-                           facts: dict[str, Any]) -> None:
-    """One allgather: every rank's parameter names, shapes and dtypes, and ``facts``.
+                           process_set: ProcessSet, facts: dict[str, Any]) -> None:
+    """One allgather over ``process_set``: every rank's parameter names, shapes and
+    dtypes, and ``facts``.
 
     Raises ParameterMismatchError or RankDisagreementError on every rank, naming the
     rank, the parameter or field, and both values.
     """
     mine = [(name, tuple(p.shape), str(p.dtype)) for name, p in named_parameters]
     everyone = allgather_object({"parameters": mine, "facts": facts},
-                                "hvdtrain.start_agreement")
+                                "hvdtrain.start_agreement", process_set)
     problem = first_parameter_difference([rank["parameters"] for rank in everyone])
     if problem:
         raise ParameterMismatchError(
