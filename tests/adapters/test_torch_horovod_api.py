@@ -1,16 +1,21 @@
 """Horovod's public API on hvdtrain.adapters.torch: a ``horovod.torch`` script runs with
 its import changed. The names are Horovod's own objects (checked in one process); the
 multi-rank scenario (tests/workers/torch_adapter.py, ``horovod_api``) calls them
-through hvdtrain's module on 2 real ranks and is checked against closed forms here.
+through hvdtrain's module on 2 real ranks and is checked against closed forms here;
+tests/workers/torch_process_sets.py runs DistributedOptimizer's ``process_set``.
 """
 
 import types
 
 import horovod.torch as horovod_torch
 import pytest
-from workers.torch_common import make_model
+import torch
+from harness import Run, launch
+from torch_results import max_difference, tensors
+from workers.torch_common import STEPS, loss_fn, make_data, make_model, make_optimizer, rows
 
 import hvdtrain.adapters.torch as hvt
+from hvdtrain.launch import CONTROLLERS
 
 # hvdtrain's own versions (README, "Coming from Horovod"); elastic is a module.
 OURS = {"init", "DistributedOptimizer"}
@@ -53,3 +58,31 @@ def test_state_fingerprint_tells_different_models_apart():
     """The broadcast check above relies on rank 1's own model differing from rank 0's."""
     assert hvt.state_fingerprint(make_model(seed=40)) != \
         hvt.state_fingerprint(make_model(seed=41))
+
+
+def own_rows_reference(rank: int) -> dict[str, torch.Tensor]:
+    """One plain-PyTorch process on ``rank``'s rows only: what a rank averaging over no
+    one else must end with."""
+    x, y = make_data()
+    model = make_model()
+    optimizer = make_optimizer("sgd", model.parameters())
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        part = rows(step, 0, rank, 1)
+        loss_fn(model, x[part], y[part]).backward()
+        optimizer.step()
+    return {name: p.detach() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_a_process_set_limits_the_average_to_its_ranks(controller, tmp_path):
+    run = Run(launch("torch_process_sets.py", str(tmp_path), controller=controller), tmp_path)
+    run.require_clean()
+    for rank in (0, 1):
+        report = run.report("process_set", rank)
+        assert report["included"] is (rank == 0)
+        assert report["skipped"] == 0
+        assert max_difference(tensors(run, "process_set", rank), own_rows_reference(rank)) \
+            <= 1e-12
+    # and the two ranks did train apart (their rows differ)
+    assert max_difference(own_rows_reference(0), own_rows_reference(1)) > 1e-3

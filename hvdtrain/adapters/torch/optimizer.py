@@ -350,7 +350,10 @@ class _CheckedAveraging:
         # synchronisation in the common case. Only a sum that overflows without any
         # non-finite element needs the exact look below.
         buffers = self._flat_buffers() or [p.grad for p in parameters]
-        if bool(torch.isfinite(torch.stack([b.sum() for b in buffers]).sum())):
+        total = buffers[0].sum()
+        for buffer in buffers[1:]:
+            total = total + buffer.sum()
+        if bool(total.isfinite()):
             return None
         for parameter in parameters:
             if not bool(torch.isfinite(parameter.grad).all()):
