@@ -44,9 +44,14 @@ def run(folder: Path, smoke: bool) -> dict:
             if "hvdtrain_unchecked" in rounds_s:  # what the non-finite check alone costs
                 entry["check_cost_ratio"] = median_ratio(rounds_s["hvdtrain"],
                                                          rounds_s["hvdtrain_unchecked"])
+                entry["check_share_of_step"] = (measured["check_s"]
+                                                / entry["median_step_s"]["hvdtrain"])
             entries.append(entry)
             progress("  " + ", ".join(f"{name} ratio {ratio:.3f}"
-                                      for name, ratio in entry["median_ratio"].items()))
+                                      for name, ratio in entry["median_ratio"].items())
+                     + (f"; one non-finite check: {1e3 * measured['check_s']:.3f} ms, "
+                        f"{100 * entry['check_share_of_step']:.1f}% of the step"
+                        if "check_s" in measured else ""))
     bar_chart(folder / "overhead.png", "hvdtrain's step time / the raw-Horovod baseline's",
               {f"{e['framework']}\n{e['controller']}": e["median_ratio"]["hvdtrain"]
                for e in entries}, "median ratio", reference=("target 1.01", TARGET_RATIO),
