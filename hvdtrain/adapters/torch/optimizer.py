@@ -113,6 +113,9 @@ def DistributedOptimizer(
         ParameterMismatchError: on every rank, when the ranks' parameters differ in
             names, shapes or dtypes (names the rank, the parameter and both values).
         RankDisagreementError: on every rank, when the ranks' settings or software differ.
+        ValueError: for an invalid argument, including ``named_parameters`` with
+            duplicate names or missing some of the optimizer's parameters (checked
+            before anything else, as Horovod does).
 
     With ``torch.amp.GradScaler``, call ``optimizer.synchronize()`` before
     ``scaler.unscale_(optimizer)``, then ``scaler.step(optimizer)`` inside ``with
