@@ -4,6 +4,7 @@ agreement check, the non-finite check, the collective watchdog)."""
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections import Counter
 from collections.abc import Iterable
@@ -112,6 +113,8 @@ def DistributedOptimizer(
     Raises:
         ParameterMismatchError: on every rank, when the ranks' parameters differ in
             names, shapes or dtypes (names the rank, the parameter and both values).
+            This check and the next are one collective at construction, skipped in
+            Horovod elastic jobs (``HOROVOD_ELASTIC=1``).
         RankDisagreementError: on every rank, when the ranks' settings or software differ.
         ValueError: for an invalid argument, including ``named_parameters`` with
             duplicate names or missing some of the optimizer's parameters (checked
@@ -156,8 +159,9 @@ def DistributedOptimizer(
         overlap = groups is not None or compression == "bf16" or any(
             p.device.type != "cpu" for _, p in named)
     # A rank outside the process set trains on its own gradients (Horovod's meaning), so
-    # it has no one to agree with.
-    if process_set.included():
+    # it has no one to agree with. In an elastic job a worker that joins later builds its
+    # optimizer while the others are inside hvd.elastic.run: a collective here would hang.
+    if process_set.included() and os.environ.get("HOROVOD_ELASTIC") != "1":
         _check_start_agreement(named, process_set, {
             "optimizer class": type(optimizer).__name__,
             "number of param groups": len(optimizer.param_groups),
