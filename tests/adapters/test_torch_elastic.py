@@ -5,6 +5,7 @@ The job grows from 2 to 3 workers and ends with identical replicas."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -26,10 +27,16 @@ def test_a_worker_joining_an_elastic_job_trains_on_with_the_others(tmp_path):
     command = [horovodrun_path(), "--network-interfaces", "lo", "-np", "2", "--min-np", "2",
                "--max-np", "3", "--host-discovery-script", str(discover), sys.executable,
                str(WORKERS / "torch_elastic_join.py"), str(hosts)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=200,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=WORKERS)
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-4000:]
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                           cwd=WORKERS, start_new_session=True)
+    try:
+        output, _ = job.communicate(timeout=200)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)  # the launcher and every worker it started
+        output, _ = job.communicate()
+        pytest.fail(f"the elastic job did not finish in 200 s:\n{output[-4000:]}")
+    assert job.returncode == 0, output[-4000:]
     reports = [json.loads(line.split("REPORT ", 1)[1]) for line in output.splitlines()
                if "REPORT " in line]
     commits = [r for r in reports if r["scenario"] == "commit"]
