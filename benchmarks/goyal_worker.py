@@ -38,7 +38,7 @@ WARMUP_EPOCHS, GAMMA, MOMENTUM, WEIGHT_DECAY = 5, 0.1, 0.9, 1e-4
 
 def make_model(seed: int, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """Two strided 1-D convolutions (16 channels) and a linear classifier over 40 steps:
-    3.4 k parameters, no normalisation layer, so how a batch is split into
+    2.5 k parameters, no normalisation layer, so how a batch is split into
     micro-batches does not change the gradient."""
     torch.manual_seed(seed)
     return torch.nn.Sequential(
