@@ -10,6 +10,8 @@ A Horovod user switches by changing one import: every public name of
 - :mod:`.optimizer`: :func:`DistributedOptimizer` averages over accumulated
   micro-batches too, offers "bf16" compression, names the rank and parameter when
   models differ, and stops (or skips, on every rank alike) non-finite steps.
+- :mod:`.agreement`: the checks of the named parameters and, at construction, that
+  the ranks' models and settings agree (:class:`ParameterMismatchError`).
 - :mod:`.scheduler`: :class:`LinearScalingWarmup`, Goyal et al.'s linear scaling rule
   and warmup (:mod:`hvdtrain.schedule`) as a torch ``LRScheduler``.
 - :mod:`.state`: :func:`broadcast_state`, :func:`verify_replicas`, :func:`state_fingerprint`.
@@ -111,13 +113,10 @@ from horovod.torch import (
     synchronize,
 )
 
+from hvdtrain.adapters.torch.agreement import ParameterMismatchError
 from hvdtrain.adapters.torch.checkpoint import load_checkpoint, save_checkpoint
 from hvdtrain.adapters.torch.data import average_metrics, distributed_sampler
-from hvdtrain.adapters.torch.optimizer import (
-    DistributedOptimizer,
-    NonFiniteGradientError,
-    ParameterMismatchError,
-)
+from hvdtrain.adapters.torch.optimizer import DistributedOptimizer, NonFiniteGradientError
 from hvdtrain.adapters.torch.scheduler import LinearScalingWarmup
 from hvdtrain.adapters.torch.state import (
     ReplicaMismatchError,

@@ -1,12 +1,11 @@
 """``DistributedOptimizer``: Horovod's gradient averaging for any torch optimizer, with
-hvdtrain's additions (averaging over micro-batches, bf16 on the wire, a start-time
-agreement check, the non-finite check, the collective watchdog)."""
+hvdtrain's additions (averaging over micro-batches, bf16 on the wire, the start-time
+agreement check of :mod:`.agreement`, the non-finite check, the collective watchdog)."""
 
 from __future__ import annotations
 
 import os
 import warnings
-from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -19,13 +18,9 @@ from horovod.torch import Adasum, Average, Compression, ProcessSet, Sum, global_
 from horovod.torch.optimizer import _DistributedOptimizer as _HorovodOptimizer
 
 from hvdtrain import watchdog
-from hvdtrain.adapters.torch._horovod import allgather_object, require_initialized
-from hvdtrain.consistency import (
-    RankDisagreementError,
-    first_parameter_difference,
-    raise_on_disagreement,
-    software_versions,
-)
+from hvdtrain.adapters.torch._horovod import require_initialized
+from hvdtrain.adapters.torch.agreement import check_start_agreement, named_parameters_of
+from hvdtrain.consistency import software_versions
 from hvdtrain.nonfinite import NonFiniteGradientError, nonfinite_gradient_message
 from hvdtrain.validation import (
     require_compression,
@@ -34,15 +29,11 @@ from hvdtrain.validation import (
     require_positive_number,
 )
 
-__all__ = ["DistributedOptimizer", "NonFiniteGradientError", "ParameterMismatchError"]
+__all__ = ["DistributedOptimizer", "NonFiniteGradientError"]
 
 # bf16 travels through Horovod's allgather (_bf16_allreduce_async), so Horovod sees none.
 _HOROVOD_COMPRESSION = {None: Compression.none, "fp16": Compression.fp16,
                         "bf16": Compression.none}
-
-
-class ParameterMismatchError(RankDisagreementError):
-    """The ranks' models differ (names, shapes or dtypes), so their gradients cannot be averaged."""
 
 
 def DistributedOptimizer(
@@ -126,7 +117,7 @@ def DistributedOptimizer(
     """
     require_instance("optimizer", optimizer, torch.optim.Optimizer,
                      "a torch.optim.Optimizer, e.g. torch.optim.SGD(model.parameters(), lr=0.1)")
-    named = _named_parameters(optimizer, named_parameters)
+    named = named_parameters_of(optimizer, named_parameters)
     require_initialized("DistributedOptimizer")
     compression = _compression_name(compression)
     require_positive_int("backward_passes_per_step", backward_passes_per_step)
@@ -162,7 +153,7 @@ def DistributedOptimizer(
     # it has no one to agree with. In an elastic job a worker that joins later builds its
     # optimizer while the others are inside hvd.elastic.run: a collective here would hang.
     if process_set.included() and os.environ.get("HOROVOD_ELASTIC") != "1":
-        _check_start_agreement(named, process_set, {
+        check_start_agreement(named, process_set, {
             "optimizer class": type(optimizer).__name__,
             "number of param groups": len(optimizer.param_groups),
             "backward_passes_per_step": backward_passes_per_step,
@@ -260,8 +251,7 @@ class _CheckedAveraging:
                 self.synchronize()
         step, self.steps_taken = self.steps_taken, self.steps_taken + 1
         nonfinite = self._first_nonfinite_gradient() if self.check_nonfinite else None
-        if self.skip_nonfinite and (_on_any_rank(nonfinite is not None, self.process_set)
-                                    if self.process_set.included() else nonfinite is not None):
+        if self.skip_nonfinite and _on_any_rank(nonfinite is not None, self.process_set):
             self.skipped_steps += 1
             self._synchronized = False
             return None
@@ -397,7 +387,9 @@ def _distributed_class(base: type) -> type:
 
 def _on_any_rank(condition: bool, process_set: ProcessSet) -> bool:
     """True on every rank of ``process_set`` when ``condition`` holds on at least one
-    (one scalar allreduce)."""
+    (one scalar allreduce); a rank outside the set decides alone."""
+    if not process_set.included():
+        return condition
     flag = torch.tensor(1.0 if condition else 0.0, dtype=torch.float64)
     with watchdog.guard("the non-finite gradient vote (hvdtrain.any_rank)"):
         return _hvd.allreduce(flag, op=Sum, name="hvdtrain.any_rank",
@@ -432,51 +424,3 @@ def _compression_name(compression: Any) -> str | None:
         return "fp16"
     require_compression(compression)
     return compression
-
-
-def _named_parameters(optimizer: torch.optim.Optimizer,
-                      named_parameters: Iterable[tuple[str, torch.Tensor]] | None
-                      ) -> list[tuple[str, torch.Tensor]]:
-    """``named_parameters`` as a list, checked as Horovod checks it (ValueError), or
-    generated names when it is None."""
-    if named_parameters is None:
-        return [(f"param_group{i}.{j}", p) for i, group in enumerate(optimizer.param_groups)
-                for j, p in enumerate(group["params"])]
-    named = list(named_parameters)
-    if not all(isinstance(pair, tuple) and len(pair) == 2 for pair in named):
-        raise ValueError("named_parameters must hold (name, parameter) pairs, as "
-                         "model.named_parameters() gives them")
-    duplicates = sorted(name for name, count in Counter(name for name, _ in named).items()
-                        if count > 1)
-    if duplicates:
-        raise ValueError(f"named_parameters has duplicate names: {', '.join(duplicates)}. "
-                         "Names pair each allreduce across ranks; prefix each model's "
-                         "names (e.g. [('gen.' + n, p) for n, p in gen.named_parameters()])")
-    named_ids = {id(p) for _, p in named}
-    unnamed = sum(id(p) not in named_ids for group in optimizer.param_groups
-                  for p in group["params"])
-    if unnamed:
-        raise ValueError(f"{unnamed} of the optimizer's parameters are not in "
-                         "named_parameters; pass model.named_parameters() of the model "
-                         "whose parameters the optimizer holds (or leave it None)")
-    return named
-
-
-def _check_start_agreement(named_parameters: list[tuple[str, torch.Tensor]],
-                           process_set: ProcessSet, facts: dict[str, Any]) -> None:
-    """One allgather over ``process_set``: every rank's parameter names, shapes and
-    dtypes, and ``facts``.
-
-    Raises ParameterMismatchError or RankDisagreementError on every rank, naming the
-    rank, the parameter or field, and both values.
-    """
-    mine = [(name, tuple(p.shape), str(p.dtype)) for name, p in named_parameters]
-    everyone = allgather_object({"parameters": mine, "facts": facts},
-                                "hvdtrain.start_agreement", process_set)
-    problem = first_parameter_difference([rank["parameters"] for rank in everyone])
-    if problem:
-        raise ParameterMismatchError(
-            f"the ranks' models differ: {problem}. Every rank must build the same model "
-            "(same layers, shapes and dtypes, in the same order) before wrapping its optimizer."
-        )
-    raise_on_disagreement([rank["facts"] for rank in everyone], "DistributedOptimizer")
