@@ -48,6 +48,12 @@ def make_model(seed: int, dtype: torch.dtype = torch.float32) -> torch.nn.Module
         torch.nn.Flatten(), torch.nn.Linear(16 * 10, 10)).to(dtype)
 
 
+def sgd(model: torch.nn.Module, lr: float) -> torch.optim.SGD:
+    """The benchmark's optimizer (momentum 0.9, weight decay 1e-4) at rate ``lr``."""
+    return torch.optim.SGD(model.parameters(), lr=lr, momentum=MOMENTUM,
+                           weight_decay=WEIGHT_DECAY)
+
+
 def load(path: str) -> dict[str, torch.Tensor]:
     arrays = np.load(path)
     return {name: torch.from_numpy(arrays[name]) for name in ("x", "y", "x_val", "y_val")}
@@ -74,8 +80,7 @@ def train(run: dict, spec: dict, data: dict[str, torch.Tensor]) -> dict:
     started = time.monotonic()
     model = make_model(run["seed"])
     optimizer = hvt.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=run["eta"], momentum=MOMENTUM,
-                        weight_decay=WEIGHT_DECAY),
+        sgd(model, run["eta"]),
         model.named_parameters(), backward_passes_per_step=passes)
     scheduler = hvt.LinearScalingWarmup(
         optimizer, batch_size_per_worker=micro_batch, steps_per_epoch=steps_per_epoch,
@@ -129,11 +134,9 @@ def verify_accumulation(check: dict, data: dict[str, torch.Tensor]) -> dict:
         x, y = data["x"].to(dtype), data["y"]
         model, reference = make_model(7, dtype), make_model(7, dtype)
         optimizer = hvt.DistributedOptimizer(
-            torch.optim.SGD(model.parameters(), lr=0.05, momentum=MOMENTUM,
-                            weight_decay=WEIGHT_DECAY),
+            sgd(model, 0.05),
             model.named_parameters(), backward_passes_per_step=passes)
-        plain = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=MOMENTUM,
-                                weight_decay=WEIGHT_DECAY)
+        plain = sgd(reference, 0.05)
         for step in range(steps):
             rows = torch.arange(step * global_batch, (step + 1) * global_batch)
             optimizer.zero_grad()
