@@ -8,6 +8,7 @@ Workers print one ``RESULT {json}`` line (rank 0, unless a benchmark says otherw
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import statistics
@@ -135,6 +136,17 @@ def median(values: Sequence[float]) -> float:
 def median_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> float:
     """The median of the round-by-round ratios (robust to drifts in machine load)."""
     return median([a / b for a, b in zip(numerators, denominators, strict=True)])
+
+
+def median_ratio_interval(numerators: Sequence[float],
+                          denominators: Sequence[float]) -> tuple[float, float]:
+    """A distribution-free ~95 % confidence interval for the median of the round ratios:
+    the order statistics n/2 -+ 0.98 sqrt(n) (the sign test's normal approximation)."""
+    ratios = sorted(a / b for a, b in zip(numerators, denominators, strict=True))
+    half_width = 0.98 * math.sqrt(len(ratios))
+    low = max(0, math.floor(len(ratios) / 2 - half_width))
+    high = min(len(ratios) - 1, math.ceil(len(ratios) / 2 + half_width) - 1)
+    return ratios[low], ratios[high]
 
 
 def write_result(folder: Path, name: str, settings: Mapping[str, Any],

@@ -15,7 +15,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common import bar_chart, horovod_result, median, median_ratio, progress, write_result
+from common import (
+    bar_chart,
+    horovod_result,
+    median,
+    median_ratio,
+    median_ratio_interval,
+    progress,
+    write_result,
+)
 
 from hvdtrain.launch import CONTROLLERS
 
@@ -26,8 +34,9 @@ WORKERS = {"torch": "overhead_worker.py", "keras": "keras_overhead_worker.py"}
 
 def run(folder: Path, smoke: bool) -> dict:
     # The MPI step is about 5 ms and rounds on a shared VM vary by a few percent, more
-    # than the 1 % being judged: many short rounds make the median ratio steady.
-    rounds, steps = (2, 3) if smoke else (25, 40)
+    # than the 1 % being judged: many short rounds make the median ratio steady, and
+    # the interval says how steady.
+    rounds, steps = (2, 3) if smoke else (50, 40)
     entries = []
     for framework, worker in WORKERS.items():
         for controller in CONTROLLERS[:1] if smoke else CONTROLLERS:
@@ -40,15 +49,21 @@ def run(folder: Path, smoke: bool) -> dict:
                      **measured,
                      "median_step_s": {name: median(v) for name, v in rounds_s.items()},
                      "median_ratio": {name: median_ratio(v, rounds_s[baseline])
-                                      for name, v in rounds_s.items() if name != baseline}}
+                                      for name, v in rounds_s.items() if name != baseline},
+                     "median_ratio_95ci": {
+                         name: median_ratio_interval(v, rounds_s[baseline])
+                         for name, v in rounds_s.items() if name != baseline}}
             if "hvdtrain_unchecked" in rounds_s:  # what the non-finite check alone costs
                 entry["check_cost_ratio"] = median_ratio(rounds_s["hvdtrain"],
                                                          rounds_s["hvdtrain_unchecked"])
                 entry["check_share_of_step"] = (measured["check_s"]
                                                 / entry["median_step_s"]["hvdtrain"])
             entries.append(entry)
-            progress("  " + ", ".join(f"{name} ratio {ratio:.3f}"
-                                      for name, ratio in entry["median_ratio"].items())
+            progress("  " + ", ".join(
+                f"{name} ratio {ratio:.3f} (95% CI {low:.3f}-{high:.3f})"
+                for (name, ratio), (low, high) in zip(entry["median_ratio"].items(),
+                                                      entry["median_ratio_95ci"].values(),
+                                                      strict=True))
                      + (f"; one non-finite check: {1e3 * measured['check_s']:.3f} ms, "
                         f"{100 * entry['check_share_of_step']:.1f}% of the step"
                         if "check_s" in measured else ""))

@@ -41,6 +41,13 @@ RUNTIME_DEFAULTS = {
 # backward pass and the cycle decides how many gradients are fused together, Horovod's
 # 1 ms stays.
 CPU_ONLY_DEFAULTS = {"HOROVOD_CYCLE_TIME": "0.1"}
+# Only in elastic jobs (Gloo). When a worker dies, a survivor whose Gloo receive was
+# waiting on a live peer (not the dead one) notices only when the receive times out,
+# 30 s by default: that wait is the whole time to recover (README, "Elastic
+# training"). Horovod's Gloo collectives run only once every rank is ready, so a
+# healthy receive takes milliseconds; the rendezvous that admits a new worker is not
+# bound by it.
+ELASTIC_DEFAULTS = {"HOROVOD_GLOO_TIMEOUT_SECONDS": "10"}
 # Read by mpirun (and so by `horovodrun --mpi`) itself, so they must be in the
 # launcher's environment: `eval "$(hvdtrain env)"` puts them there. Open MPI's daemons
 # talk over TCP links whose default keepalive notices a dead network only after
@@ -63,9 +70,11 @@ def apply_runtime_defaults(accelerator: bool = True) -> None:
 
     Args:
         accelerator: whether this process can see an accelerator (GPU); without one the
-            :data:`CPU_ONLY_DEFAULTS` apply too.
+            :data:`CPU_ONLY_DEFAULTS` apply too. In an elastic job (:func:`elastic_job`),
+            so do the :data:`ELASTIC_DEFAULTS`.
     """
-    defaults = RUNTIME_DEFAULTS if accelerator else {**RUNTIME_DEFAULTS, **CPU_ONLY_DEFAULTS}
+    defaults = {**RUNTIME_DEFAULTS, **({} if accelerator else CPU_ONLY_DEFAULTS),
+                **(ELASTIC_DEFAULTS if elastic_job() else {})}
     for name, value in defaults.items():
         os.environ.setdefault(name, value)
 
@@ -103,6 +112,16 @@ def require_initialized(initialized: bool, what: str, init_call: str) -> None:
     """
     if not initialized:
         raise RuntimeError(f"{what} needs the workers connected: call {init_call} first")
+
+
+def elastic_job(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether this process is a worker of a Horovod elastic job (``horovodrun`` with
+    ``--min-np``/``--max-np`` or a host discovery script sets ``HOROVOD_ELASTIC=1``).
+
+    In such a job a worker may join while the others train, so nothing at start-up
+    may wait for all ranks: the elastic state's sync brings the newcomer in line.
+    """
+    return environ.get("HOROVOD_ELASTIC") == "1"
 
 
 def under_launcher() -> bool:

@@ -142,6 +142,25 @@ class LinearScalingSchedule:
         decays = bisect_right(self.milestones, step // self.steps_per_epoch)
         return lr * self.gamma**decays if decays else lr
 
+    def lr_at_epoch(self, epoch: float) -> float:
+        """The rule at a point of training measured in epochs (fractions allowed).
+
+        This is the form that survives a change of world size: an elastic job that
+        shrinks or grows mid-training keeps its place in epochs (samples seen over
+        samples per epoch), and the rate there follows this schedule's k. It equals
+        ``lr_at(step)`` at ``epoch = step / steps_per_epoch`` whenever the warmup
+        is a whole number of steps (up to rounding in the last place).
+        """
+        if isinstance(epoch, bool) or not is_finite_number(epoch) or epoch < 0:
+            raise ValueError(f"epoch must be a finite number >= 0, got {epoch!r}")
+        if self.scale > 1 and epoch < self.warmup_epochs:
+            eta = self.base_lr
+            lr = eta + (self.target_lr - eta) * epoch / self.warmup_epochs
+        else:
+            lr = self.target_lr
+        decays = bisect_right(self.milestones, int(epoch))
+        return lr * self.gamma**decays if decays else lr
+
     def factor_at(self, step: int) -> float:
         """``lr_at(step) / base_lr``: the multiplier to apply to any group's own η."""
         return self.lr_at(step) / self.base_lr

@@ -1,5 +1,7 @@
 """hvdtrain.runtime in one process: launcher variables, the init check, defaults."""
 
+import os
+
 import pytest
 
 from hvdtrain import runtime
@@ -35,3 +37,20 @@ def test_missing_defaults_leave_what_the_user_set(monkeypatch):
     missing = runtime.missing_defaults(environ)
     assert "HOROVOD_STALL_CHECK_TIME_SECONDS" not in missing
     assert missing["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] == "30"
+
+
+@pytest.mark.parametrize("elastic", [True, False])
+def test_elastic_jobs_get_a_short_gloo_timeout_unless_the_user_set_one(monkeypatch, elastic):
+    for name in {**runtime.RUNTIME_DEFAULTS, **runtime.CPU_ONLY_DEFAULTS,
+                 **runtime.ELASTIC_DEFAULTS}:
+        monkeypatch.delenv(name, raising=False)
+    if elastic:
+        monkeypatch.setenv("HOROVOD_ELASTIC", "1")
+    else:
+        monkeypatch.delenv("HOROVOD_ELASTIC", raising=False)
+    runtime.apply_runtime_defaults(accelerator=False)
+    assert runtime.elastic_job() is elastic
+    assert ("HOROVOD_GLOO_TIMEOUT_SECONDS" in os.environ) is elastic
+    monkeypatch.setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", "99")
+    runtime.apply_runtime_defaults(accelerator=False)
+    assert os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "99"

@@ -153,3 +153,27 @@ def test_invalid_arguments_name_the_argument_and_reason(argument, value, reason)
 def test_invalid_step(step):
     with pytest.raises(ValueError, match="step"):
         paper_schedule().lr_at(step)
+
+
+def test_the_rule_in_epochs_agrees_with_the_rule_in_steps():
+    s = paper_schedule(milestones=(30, 60, 80))
+    for t in (0, 1, 390, s.warmup_steps - 1, s.warmup_steps, 30 * 156 - 1, 30 * 156, 85 * 156):
+        assert s.lr_at_epoch(t / 156) == pytest.approx(s.lr_at(t), rel=1e-12, abs=0)
+
+
+def test_the_rule_in_epochs_after_a_change_of_world_size():
+    """256 workers for 2.5 epochs, then 192: the rate is the 192-worker rule at 2.5 epochs,
+    written out from the paper's formula."""
+    eta, epoch = 0.1, 2.5
+    k = 32 * 192 / 256
+    shrunk = paper_schedule(world_size=192, milestones=(30,))
+    assert shrunk.lr_at_epoch(epoch) == pytest.approx(eta + (k * eta - eta) * epoch / 5,
+                                                      rel=1e-12)
+    assert shrunk.lr_at_epoch(7.0) == pytest.approx(k * eta, rel=1e-12)
+    assert shrunk.lr_at_epoch(30.0) == pytest.approx(k * eta * 0.1, rel=1e-12)
+
+
+@pytest.mark.parametrize("epoch", [-0.5, math.nan, math.inf, True, "1"])
+def test_the_rule_in_epochs_rejects_a_point_that_is_not_one(epoch):
+    with pytest.raises(ValueError, match="epoch must be a finite number >= 0"):
+        paper_schedule().lr_at_epoch(epoch)

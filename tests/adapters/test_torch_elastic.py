@@ -1,7 +1,16 @@
-"""hvdtrain's torch DistributedOptimizer in a Horovod elastic job (Gloo, one host):
-a worker that joins mid-training builds its optimizer while the others are inside
-``hvd.elastic.run``, so nothing in the optimizer's construction may wait for them.
-The job grows from 2 to 3 workers and ends with identical replicas."""
+"""hvdtrain.adapters.torch.elastic in real Horovod elastic jobs (Gloo, one machine).
+
+Each worker gets its own host name (host-a, host-b, host-c) through an ``ssh`` stand-in
+early in PATH that runs the command here: Horovod blacklists the host of a failed
+worker, so workers sharing ``localhost`` could not lose one and go on. One launch
+per scenario of tests/workers/torch_elastic_train.py, checked against the closed-form
+schedule and the data set:
+
+- shrink: 3 workers, rank 2 killed mid-epoch; training goes on as 2 from the last
+  commit, the rate follows the rule for the new k, every sample of each epoch is
+  consumed once by the committed steps, the replicas end identical, the job exits 0.
+- grow: 2 workers, a third host appears; the job goes on as 3, the same way.
+"""
 
 import json
 import os
@@ -13,37 +22,130 @@ import pytest
 from harness import WORKERS
 
 from hvdtrain.launch import horovodrun_path
+from hvdtrain.runtime import ELASTIC_DEFAULTS
+from hvdtrain.schedule import LinearScalingSchedule
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(300)
+
+# The worker's settings (tests/workers/torch_elastic_train.py).
+SAMPLES, BATCH, EPOCHS, ETA, WARMUP_EPOCHS = 240, 4, 2, 0.05, 2
+FAKE_SSH = """\
+#!/bin/sh
+# ssh HOST COMMAND, run here: the options Horovod passes are skipped.
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -o|-p|-i) shift 2 ;;
+    -*) shift ;;
+    *) break ;;
+  esac
+done
+shift  # the host
+exec /bin/sh -c "$*"
+"""
 
 
-def test_a_worker_joining_an_elastic_job_trains_on_with_the_others(tmp_path):
-    hosts = tmp_path / "hosts"
-    hosts.write_text("localhost:2\n")
+def elastic_job(tmp_path, mode: str, hosts: list[str], min_np: int, max_np: int) -> list:
+    """Run the worker in ``mode`` as an elastic job over ``hosts``; its reports."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(FAKE_SSH)
+    (bin_dir / "ssh").chmod(0o755)
+    hosts_file = tmp_path / "hosts"
+    hosts_file.write_text("".join(f"{host}:1\n" for host in hosts))
     discover = tmp_path / "discover.sh"
-    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    discover.write_text(f"#!/bin/sh\ncat {hosts_file}\n")
     discover.chmod(0o755)
-    # Without --network-interfaces, Horovod's elastic Gloo launcher waits for 2 hosts.
-    command = [horovodrun_path(), "--network-interfaces", "lo", "-np", "2", "--min-np", "2",
-               "--max-np", "3", "--host-discovery-script", str(discover), sys.executable,
-               str(WORKERS / "torch_elastic_join.py"), str(hosts)]
-    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                           cwd=WORKERS, start_new_session=True)
+    # Without --network-interfaces, Horovod's elastic Gloo launcher waits for 2 real hosts.
+    command = [horovodrun_path(), "--gloo", "--network-interfaces", "lo", "-np", str(len(hosts)),
+               "--min-np", str(min_np), "--max-np", str(max_np),
+               "--host-discovery-script", str(discover), sys.executable,
+               str(WORKERS / "torch_elastic_train.py"), mode, str(hosts_file)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env=env, cwd=WORKERS, start_new_session=True)
     try:
-        output, _ = job.communicate(timeout=200)
+        output, _ = job.communicate(timeout=240)
     except subprocess.TimeoutExpired:
         os.killpg(job.pid, signal.SIGKILL)  # the launcher and every worker it started
         output, _ = job.communicate()
-        pytest.fail(f"the elastic job did not finish in 200 s:\n{output[-4000:]}")
-    assert job.returncode == 0, output[-4000:]
-    reports = [json.loads(line.split("REPORT ", 1)[1]) for line in output.splitlines()
-               if "REPORT " in line]
+        pytest.fail(f"the elastic {mode} job did not finish in 240 s:\n{output[-6000:]}")
+    assert job.returncode == 0, f"{mode}: exit {job.returncode}\n{output[-6000:]}"
+    return [json.loads(line.split("REPORT ", 1)[1]) for line in output.splitlines()
+            if "REPORT " in line]
+
+
+def expected_lr(step_samples: int, size: int, first_size: int, resized_at: int | None) -> float:
+    """The closed-form rate of a step that starts after ``step_samples`` samples, on
+    ``size`` workers: the step rule before any resize, the rule in epochs after."""
+    schedule = LinearScalingSchedule(
+        base_lr=ETA, batch_size_per_worker=BATCH, world_size=size, base_batch_size=BATCH,
+        warmup_epochs=WARMUP_EPOCHS, steps_per_epoch=SAMPLES // (BATCH * first_size))
+    if resized_at is None or step_samples < resized_at:
+        return schedule.lr_at(step_samples // (BATCH * first_size))
+    epoch = step_samples / SAMPLES
+    k = BATCH * size / BATCH
+    ramp = ETA + (k * ETA - ETA) * min(epoch / WARMUP_EPOCHS, 1.0)
+    return ramp
+
+
+def check_job(reports: list, first_size: int, final_size: int) -> dict:
+    """The assertions every elastic scenario shares; returns facts for the scenario's own."""
     commits = [r for r in reports if r["scenario"] == "commit"]
-    finished = [r for r in reports if r["scenario"] == "done"]
-    assert {r["size"] for r in commits if r["step"] <= 20} == {2}, commits
-    assert sorted(r["rank"] for r in finished) == [0, 1, 2], output[-4000:]
-    assert {r["size"] for r in finished} == {3}
-    assert len({r["fingerprint"] for r in finished}) == 1, finished
-    for step in {r["step"] for r in commits}:  # replicas agree at every commit
-        assert len({r["fingerprint"] for r in commits if r["step"] == step}) == 1, step
+    done = [r for r in reports if r["scenario"] == "done"]
+    assert sorted(r["rank"] for r in done) == list(range(final_size)), reports[-5:]
+    assert len({r["fingerprint"] for r in done}) == 1, done  # verify_replicas passed too
+    assert {r["size"] for r in done} == {final_size}
+    # The committed steps consumed every sample of each epoch, across all ranks; the only
+    # repeats are the sampler's padding of the rest of the epoch when it is re-shared
+    # (at most size - 1 samples, so that every worker has as many batches).
+    for epoch in range(EPOCHS):
+        seen = sorted(i for r in commits for e, i in r["samples"] if e == epoch)
+        assert set(seen) == set(range(SAMPLES)), (epoch, len(set(seen)))
+        assert len(seen) - SAMPLES <= max(first_size, final_size) - 1, (epoch, len(seen))
+    # Replicas agree at every commit.
+    by_step = {}
+    for r in commits:
+        by_step.setdefault((r["step"], r["size"]), set()).add(r["fingerprint"])
+    assert all(len(prints) == 1 for prints in by_step.values()), by_step
+    # The size changed exactly once, at a commit: the point the scheduler resized from.
+    sizes = sorted({(r["step"], r["size"]) for r in reports if r["scenario"] == "step"})
+    change = min(step for step, size in sizes if size == final_size)
+    assert {size for step, size in sizes if step < change} == {first_size}
+    resized_samples = change * BATCH * first_size
+    # Every step's learning rate, on every rank, follows the closed form.
+    for r in (r for r in reports if r["scenario"] == "step"):
+        batch = BATCH * r["size"]
+        samples = (r["step"] * BATCH * first_size if r["step"] < change
+                   else resized_samples + (r["step"] - change) * batch)
+        assert r["lr"] == pytest.approx(
+            expected_lr(samples, r["size"], first_size, resized_samples), rel=1e-12), r
+    return {"change": change, "resized_samples": resized_samples}
+
+
+def test_a_killed_worker_leaves_the_others_training_with_the_rule_for_their_number(tmp_path):
+    reports = elastic_job(tmp_path, "shrink", ["host-a", "host-b", "host-c"], 2, 3)
+    facts = check_job(reports, first_size=3, final_size=2)
+    killed = [r for r in reports if r["scenario"] == "killed"]
+    assert [r["rank"] for r in killed] == [2]
+    # Rolled back to the last commit (step 12) and no further: the 2 steps since are lost.
+    assert facts["change"] == 12 == killed[0]["step"] - 2
+    after = min((r for r in reports if r["scenario"] == "step" and r["size"] == 2),
+                key=lambda r: r["time"])
+    # k 3 -> 2 at 0.6 epochs into a 2-epoch warmup: 0.05 + (2 x 0.05 - 0.05) x 0.3.
+    assert after["lr"] == pytest.approx(0.065, rel=1e-12)
+    # hvdtrain's elastic default reached the workers: a survivor waiting on a live peer
+    # gives up after 10 s instead of Gloo's 30 (the recovery is mostly that wait; the
+    # README's failure table has the measured time, which is printed here).
+    assert {r["gloo_timeout"] for r in reports if r["scenario"] == "done"} == {
+        ELASTIC_DEFAULTS["HOROVOD_GLOO_TIMEOUT_SECONDS"]}
+    print(f"recovery: {after['time'] - killed[0]['time']:.1f} s from the kill to the next "
+          "completed step")
+
+
+def test_a_worker_added_joins_with_the_rule_for_the_new_number(tmp_path):
+    reports = elastic_job(tmp_path, "grow", ["host-a", "host-b"], 2, 3)
+    facts = check_job(reports, first_size=2, final_size=3)
+    assert facts["change"] >= 8 and facts["change"] % 4 == 0
+    joined = [r for r in reports if r["scenario"] == "done" and r["rank"] == 2]
+    assert joined and joined[0]["steps"] == max(r["steps"] for r in reports
+                                                if r["scenario"] == "done")

@@ -29,6 +29,13 @@ def test_every_public_name_of_horovod_torch_is_here():
     assert set(PUBLIC) <= set(hvt.__all__)
 
 
+def test_the_elastic_module_keeps_horovods_names_with_hvdtrains_state():
+    assert hvt.elastic.run is horovod_torch.elastic.run
+    assert hvt.elastic.ElasticSampler is horovod_torch.elastic.ElasticSampler
+    assert issubclass(hvt.elastic.TorchState, horovod_torch.elastic.TorchState)
+    assert set(horovod_torch.elastic.__all__) <= set(hvt.elastic.__all__)
+
+
 @pytest.mark.parametrize("name", [name for name in PUBLIC if name not in OURS])
 def test_horovod_names_are_horovods_own_objects(name):
     assert getattr(hvt, name) is getattr(horovod_torch, name)

@@ -88,6 +88,32 @@ def test_nonfinite_step_is_skipped_on_every_rank(torch_run):
     assert rank0["skipped"] == rank1["skipped"] == 1
 
 
+@pytest.mark.parametrize(("case", "raises"), [
+    ("small", False),
+    ("overflow", True),  # finite on each rank, Inf once summed
+    ("cancel", False),  # huge on each rank, 0 on average
+    ("one_large", False),  # close to overflow, and finite
+    ("nan", True),
+    ("fp16_overflow", None),  # near float16's largest: Horovod's fp16 sum decides
+])
+def test_the_nonfinite_check_raises_exactly_when_the_average_is_not_finite(
+        torch_run, case, raises):
+    for report in torch_run.both("nonfinite_edges"):
+        outcome = report["outcomes"][case]
+        assert (outcome["message"] is not None) is (not outcome["finite"]), outcome
+        if raises is not None:
+            assert (outcome["message"] is not None) is raises, outcome
+        if outcome["message"]:
+            assert "'weight'" in outcome["message"]
+    rank0, rank1 = torch_run.both("nonfinite_edges")
+    expected = {"small": -0.5, "cancel": 0.0,
+                "one_large": (0.75 * torch.finfo(torch.float32).max + 1.0) / 2}
+    if case in expected:
+        assert rank0["outcomes"][case]["averaged"] == pytest.approx(expected[case], rel=1e-6)
+    assert rank0["outcomes"][case]["averaged"] == rank1["outcomes"][case]["averaged"] or (
+        case == "nan")
+
+
 def test_grad_scaler_steps_like_plain_averaging(torch_run):
     x, y = make_data(dtype=torch.float32)
     model = make_model(dtype=torch.float32)

@@ -150,6 +150,36 @@ def scenario_skip_nonfinite() -> None:
     report("skip_nonfinite", checksums=sums, skipped=optimizer.skipped_steps)
 
 
+def scenario_nonfinite_edges() -> None:
+    """One gradient element per case, set on each rank, some near the wire format's
+    largest number: the check must raise exactly when the averaged gradient is not
+    finite (the check sums the averaged gradients, and reads them one by one only
+    when that sum is not finite)."""
+    large = 0.75 * torch.finfo(torch.float32).max
+    cases = {  # name: (rank 0's value, rank 1's value, compression)
+        "small": (1.0, -2.0, None), "overflow": (large, large, None),
+        "cancel": (large, -large, None), "one_large": (large, 1.0, None),
+        "nan": (0.0, float("nan"), None), "fp16_overflow": (6e4, 6e4, "fp16"),
+    }
+    outcomes = {}
+    for case, (*values, compression) in cases.items():
+        model = torch.nn.Linear(3, 2)
+        optimizer = hvt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                             model.named_parameters(), compression=compression)
+        model(torch.ones(1, 3)).sum().backward()
+        with torch.no_grad():
+            model.weight.grad[1, 2] = values[hvt.rank()]
+        try:
+            optimizer.step()
+            message = None
+        except hvt.NonFiniteGradientError as error:
+            message = str(error)
+        outcomes[case] = {
+            "message": message, "averaged": float(model.weight.grad[1, 2]),
+            "finite": all(bool(p.grad.isfinite().all()) for p in model.parameters())}
+    report("nonfinite_edges", outcomes=outcomes)
+
+
 def scenario_checkpoint() -> None:
     path = OUT / "checkpoint.pt"
     x, y = make_data()
@@ -298,6 +328,7 @@ def main() -> None:
         "mismatch": scenario_mismatch,
         "verify_replicas": scenario_verify_replicas,
         "skip_nonfinite": scenario_skip_nonfinite,
+        "nonfinite_edges": scenario_nonfinite_edges,
         "checkpoint": scenario_checkpoint,
         "grad_scaler": scenario_grad_scaler,
         "metrics": scenario_metrics_and_sampler,

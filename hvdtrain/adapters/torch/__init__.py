@@ -17,6 +17,9 @@ A Horovod user switches by changing one import: every public name of
 - :mod:`.state`: :func:`broadcast_state`, :func:`verify_replicas`, :func:`state_fingerprint`.
 - :mod:`.checkpoint`: :func:`save_checkpoint`, :func:`load_checkpoint`.
 - :mod:`.data`: :func:`distributed_sampler`, :func:`average_metrics`.
+- :mod:`.elastic` (``hvt.elastic``, in place of Horovod's module): ``run``,
+  ``ElasticSampler`` and a ``TorchState`` whose warmup schedule follows the number of
+  workers after each reset.
 
 Example (run with ``horovodrun -np 2 python train.py``)::
 
@@ -43,8 +46,8 @@ import horovod.torch as _hvd
 import torch
 
 # Every public name of horovod.torch 0.28.1 (but `init`, `DistributedOptimizer` and the
-# `elastic` module), re-exported unchanged so that `import horovod.torch as hvd`
-# scripts keep working with the import changed.
+# `elastic` module, which are hvdtrain's), re-exported unchanged so that
+# `import horovod.torch as hvd` scripts keep working with the import changed.
 from horovod.torch import (
     Adasum,
     Average,
@@ -113,6 +116,7 @@ from horovod.torch import (
     synchronize,
 )
 
+from hvdtrain.adapters.torch import elastic
 from hvdtrain.adapters.torch.agreement import ParameterMismatchError
 from hvdtrain.adapters.torch.checkpoint import load_checkpoint, save_checkpoint
 from hvdtrain.adapters.torch.data import average_metrics, distributed_sampler
@@ -171,6 +175,7 @@ __all__ = [
     "cuda_built",
     "ddl_built",
     "distributed_sampler",
+    "elastic",
     "global_process_set",
     "gloo_built",
     "gloo_enabled",

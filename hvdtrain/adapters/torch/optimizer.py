@@ -4,7 +4,6 @@ agreement check of :mod:`.agreement`, the non-finite check, the collective watch
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Iterable
 from typing import Any
@@ -22,6 +21,7 @@ from hvdtrain.adapters.torch._horovod import require_initialized
 from hvdtrain.adapters.torch.agreement import check_start_agreement, named_parameters_of
 from hvdtrain.consistency import software_versions
 from hvdtrain.nonfinite import NonFiniteGradientError, nonfinite_gradient_message
+from hvdtrain.runtime import elastic_job
 from hvdtrain.validation import (
     require_compression,
     require_instance,
@@ -152,7 +152,7 @@ def DistributedOptimizer(
     # A rank outside the process set trains on its own gradients (Horovod's meaning), so
     # it has no one to agree with. In an elastic job a worker that joins later builds its
     # optimizer while the others are inside hvd.elastic.run: a collective here would hang.
-    if process_set.included() and os.environ.get("HOROVOD_ELASTIC") != "1":
+    if process_set.included() and not elastic_job():
         check_start_agreement(named, process_set, {
             "optimizer class": type(optimizer).__name__,
             "number of param groups": len(optimizer.param_groups),

@@ -11,13 +11,14 @@ import torch
 
 from hvdtrain.adapters.torch._horovod import require_initialized
 from hvdtrain.consistency import check_ranks_agree
+from hvdtrain.runtime import elastic_job
 from hvdtrain.schedule import (
     DEFAULT_BASE_BATCH_SIZE,
     DEFAULT_GAMMA,
     DEFAULT_WARMUP_EPOCHS,
     LinearScalingSchedule,
 )
-from hvdtrain.validation import require_same_world_size
+from hvdtrain.validation import require_positive_int, require_same_world_size
 
 __all__ = ["LinearScalingWarmup"]
 
@@ -36,8 +37,11 @@ class LinearScalingWarmup(torch.optim.lr_scheduler.LRScheduler):
     p -= lr·v), so changing the rate needs no momentum correction here (Goyal et al.'s
     remark 2 applies to the v = μv + lr·g form, which Keras uses).
 
-    ``state_dict()`` holds only the progress (step count and base rates); resuming
-    with ``load_state_dict`` continues the exact sequence. Example::
+    ``state_dict()`` holds only the progress (step count, base rates, the world size
+    and where training stands in samples); resuming with ``load_state_dict`` continues
+    the exact sequence. When the number of workers changes (an elastic job, or a
+    checkpoint resumed on another world size), :meth:`set_world_size` continues the
+    rule for the new k from the samples seen so far. Example::
 
         scheduler = hvt.LinearScalingWarmup(optimizer, batch_size_per_worker=32,
                                             steps_per_epoch=len(loader))
@@ -72,31 +76,85 @@ class LinearScalingWarmup(torch.optim.lr_scheduler.LRScheduler):
         elif _hvd.is_initialized():
             require_same_world_size(world_size, _hvd.size(), "hvt.size()")
         self._schedule_arguments = dict(
-            batch_size_per_worker=batch_size_per_worker, world_size=world_size,
+            batch_size_per_worker=batch_size_per_worker,
             steps_per_epoch=steps_per_epoch, base_batch_size=base_batch_size,
             warmup_epochs=warmup_epochs, milestones=tuple(milestones), gamma=gamma,
             backward_passes_per_step=backward_passes_per_step,
         )
         # Validate now, with a placeholder η, so a bad argument fails here, not at step 0.
-        LinearScalingSchedule(base_lr=1.0, **self._schedule_arguments)
+        schedule = LinearScalingSchedule(base_lr=1.0, world_size=world_size,
+                                         **self._schedule_arguments)
+        self.world_size = world_size
+        self.samples_per_epoch = steps_per_epoch * schedule.global_batch_size
+        # (step, samples seen) when the world size last changed; None: it never did,
+        # and the rate is the step rule (lr_at), exactly as without elasticity.
+        self.resized_at: tuple[int, int] | None = None
         rates = [group.get("initial_lr", group["lr"]) for group in optimizer.param_groups]
         if not any(float(rate) > 0 for rate in rates):
             raise ValueError(
                 f"every param group's learning rate is 0 ({rates}): LinearScalingWarmup scales "
                 "each group's rate (η, tuned for base_batch_size); give the optimizer that rate")
-        if _hvd.is_initialized():
+        # In an elastic job a worker that joins builds this while the others train; the
+        # elastic state's sync gives it rank 0's progress instead.
+        if _hvd.is_initialized() and not elastic_job():
             check_ranks_agree(_hvd.allgather_object, self._schedule_arguments,
                               "LinearScalingWarmup", name="hvdtrain.schedule_agreement")
         super().__init__(optimizer)
 
     def schedule_for(self, base_lr: float) -> LinearScalingSchedule:
-        """The schedule one param group follows, given its η."""
-        return LinearScalingSchedule(base_lr=base_lr, **self._schedule_arguments)
+        """The schedule one param group follows, given its η (at the current world size)."""
+        return LinearScalingSchedule(base_lr=base_lr, world_size=self.world_size,
+                                     **self._schedule_arguments)
+
+    @property
+    def samples_seen(self) -> int:
+        """Examples consumed by the optimizer steps taken so far, over all workers."""
+        step = max(self.last_epoch, 0)
+        batch = self.schedule_for(1.0).global_batch_size
+        if self.resized_at is None:
+            return step * batch
+        resized_step, resized_samples = self.resized_at
+        return resized_samples + (step - resized_step) * batch
+
+    def set_world_size(self, world_size: int) -> None:
+        """Continue with k for ``world_size`` workers from the samples seen so far.
+
+        From here on each step counts ``world_size`` workers' batches, and the rate is
+        the rule for the new k at the current point of training in epochs
+        (:meth:`hvdtrain.schedule.LinearScalingSchedule.lr_at_epoch`): the warmup still
+        ends after ``warmup_epochs`` epochs and milestones stay at their epochs. Called
+        by ``hvdtrain.adapters.torch.elastic.TorchState`` after every reset; call it
+        yourself after loading a checkpoint written by a different number of workers.
+        """
+        require_positive_int("world_size", world_size)
+        if world_size == self.world_size:
+            return
+        self.resized_at = (max(self.last_epoch, 0), self.samples_seen)
+        self.world_size = world_size
+        self._apply_rates()
 
     def get_lr(self) -> list[float]:
         """Each param group's rate for the current step (torch's scheduler protocol)."""
-        step = max(self.last_epoch, 0)
-        return [self.schedule_for(eta).lr_at(step) if eta > 0 else 0.0 for eta in self.base_lrs]
+        if self.resized_at is None:
+            step = max(self.last_epoch, 0)
+            return [self.schedule_for(eta).lr_at(step) if eta > 0 else 0.0
+                    for eta in self.base_lrs]
+        epoch = self.samples_seen / self.samples_per_epoch
+        return [self.schedule_for(eta).lr_at_epoch(epoch) if eta > 0 else 0.0
+                for eta in self.base_lrs]
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume the progress in ``state_dict`` and set the optimizer's rates to it."""
+        super().load_state_dict(state_dict)
+        if isinstance(self.resized_at, list):  # a state that travelled through JSON
+            self.resized_at = tuple(self.resized_at)
+        self._apply_rates()
+
+    def _apply_rates(self) -> None:
+        rates = self.get_lr()
+        for group, rate in zip(self.optimizer.param_groups, rates, strict=True):
+            group["lr"] = rate
+        self._last_lr = rates
 
     def state_dict(self) -> dict[str, Any]:
         """Progress only (not the configuration), so a resumed run keeps its own arguments."""

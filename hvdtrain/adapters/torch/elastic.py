@@ -1,0 +1,114 @@
+"""Elastic training: Horovod's elastic mode, with the linear scaling rule following the
+number of workers.
+
+Launch with ``horovodrun --gloo --min-np M --max-np N --host-discovery-script S`` (on
+one machine add ``--network-interfaces lo``). Workers may then leave (a crash, a
+preempted host) or join while training goes on: Horovod rolls every worker back to
+the last ``state.commit()``, re-forms the ring and calls :meth:`TorchState.sync`.
+On top of Horovod's ``TorchState`` (model, optimizer, an :class:`ElasticSampler`,
+plain extras), this one carries a :class:`~hvdtrain.adapters.torch.LinearScalingWarmup`:
+after every reset it continues the rule for the new k from the samples seen so far.
+
+Example::
+
+    sampler = hvt_elastic.ElasticSampler(dataset, seed=0)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=32, sampler=sampler)
+    state = hvt_elastic.TorchState(model, optimizer, scheduler=scheduler,
+                                   sampler=sampler, epoch=0)
+
+    @hvt_elastic.run
+    def train(state):
+        for state.epoch in range(state.epoch, epochs):
+            for batch, (x, y) in enumerate(loader):
+                ...  # forward, backward, optimizer.step(), scheduler.step()
+                sampler.record_batch(batch, 32)
+                if batch % 10 == 0:
+                    state.commit()
+            sampler.set_epoch(state.epoch + 1)
+
+    train(state)
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import horovod.torch as _hvd
+import torch
+from horovod.torch.elastic import ElasticSampler, run
+from horovod.torch.elastic import TorchState as _HorovodTorchState
+
+from hvdtrain.adapters.torch.scheduler import LinearScalingWarmup
+from hvdtrain.validation import require_instance
+
+__all__ = ["ElasticSampler", "TorchState", "run"]
+
+
+class TorchState(_HorovodTorchState):
+    """What an elastic torch job commits, restores after a failure and syncs to workers
+    that join: the model, the optimizer, the warmup scheduler, the sampler's place in
+    the epoch and any plain values (``epoch=0, batch=0``), exposed as attributes.
+
+    Args:
+        model: the model whose ``state_dict`` is kept (optional).
+        optimizer: its optimizer (optional; the rates it holds are the scheduler's).
+        scheduler: a :class:`~hvdtrain.adapters.torch.LinearScalingWarmup`; after each
+            reset it is given rank 0's progress and the new world size
+            (:meth:`~hvdtrain.adapters.torch.LinearScalingWarmup.set_world_size`), so
+            the rate follows the rule for the new k at the same point in epochs.
+        sampler: an :class:`ElasticSampler` (Horovod's): on a reset it shares what is
+            left of the epoch among the new set of workers. Call its
+            ``record_batch(batch, batch_size)`` after each step.
+        **extras: plain Python values kept and synced with the rest.
+
+    Raises:
+        TypeError: when ``scheduler`` is not a LinearScalingWarmup or ``sampler`` not an
+            ElasticSampler (a DistributedSampler cannot re-shard mid-epoch).
+    """
+
+    def __init__(self, model: torch.nn.Module | None = None,
+                 optimizer: torch.optim.Optimizer | None = None, *,
+                 scheduler: LinearScalingWarmup | None = None,
+                 sampler: ElasticSampler | None = None, **extras: Any) -> None:
+        if scheduler is not None:
+            require_instance("scheduler", scheduler, LinearScalingWarmup,
+                             "an hvdtrain LinearScalingWarmup")
+        if sampler is not None:
+            require_instance("sampler", sampler, ElasticSampler,
+                             "hvdtrain.adapters.torch.elastic.ElasticSampler (a "
+                             "DistributedSampler cannot re-shard the rest of an epoch)")
+            extras["sampler"] = sampler
+        super().__init__(model, optimizer, **extras)
+        if scheduler is not None:
+            # After Horovod's handlers, so that it syncs after the optimizer (whose
+            # broadcast state carries rank 0's rates) and sets the rates last.
+            self._handlers["scheduler"] = _SchedulerHandler(scheduler)
+            self.scheduler = scheduler
+
+
+class _SchedulerHandler:
+    """Horovod's state-handler protocol (save, restore, sync, set_value) for a
+    LinearScalingWarmup."""
+
+    def __init__(self, scheduler: LinearScalingWarmup) -> None:
+        self.value = scheduler
+        self.save()
+
+    def save(self) -> None:
+        self._saved = copy.deepcopy(self.value.state_dict())
+
+    def restore(self) -> None:
+        self.value.load_state_dict(copy.deepcopy(self._saved))
+
+    def sync(self) -> None:
+        self.value.load_state_dict(_hvd.broadcast_object(
+            self.value.state_dict(), root_rank=0, name="hvdtrain.elastic.scheduler"))
+        self.value.set_world_size(_hvd.size())
+        self.save()
+
+    def set_value(self, value: LinearScalingWarmup) -> None:
+        require_instance("scheduler", value, LinearScalingWarmup,
+                         "an hvdtrain LinearScalingWarmup")
+        self.value = value
+        self.save()

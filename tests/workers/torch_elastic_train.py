@@ -1,0 +1,118 @@
+"""An elastic job with hvdtrain's TorchState: ``python torch_elastic_train.py MODE HOSTS``.
+
+Every worker trains a float64 linear model on 240 numbered samples (batch 4 per
+worker) with DistributedOptimizer, LinearScalingWarmup (η = 0.05 for a batch of 4,
+2 warmup epochs) and an ElasticSampler, for 2 epochs, committing every 4 steps and
+at each epoch's end. MODE:
+
+- ``shrink``: starts on 3 workers; at step 14 (two steps after a commit, mid-epoch)
+  the worker of rank 2 kills itself with SIGKILL. The others roll back to step 12
+  and go on as 2.
+- ``grow``: starts on 2 workers; after the commit of step 8, rank 0 adds a third
+  host to HOSTS (which the discovery script prints); the job goes on as 3.
+
+Each worker prints ``REPORT {json}`` lines: ``step`` (rank, size, step, epoch and the
+learning rate the step used), ``commit`` (the (epoch, sample) pairs this rank
+consumed since the previous commit, the scheduler's samples_seen), ``killed`` (the victim, with the
+time) and ``done`` (weights' fingerprint, after ``verify_replicas``).
+"""
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+from scenarios import report as report_for_rank
+
+import hvdtrain.adapters.torch as hvt
+from hvdtrain.adapters.torch import elastic
+
+MODE, HOSTS = sys.argv[1], Path(sys.argv[2])
+SAMPLES, BATCH, EPOCHS, COMMIT_EVERY = 240, 4, 2, 4
+KILL_AT, GROW_AFTER = 14, 8
+
+
+def report(scenario: str, **values) -> None:
+    report_for_rank(hvt.rank(), scenario, size=hvt.size(), **values)
+
+
+class Numbered(torch.utils.data.Dataset):
+    """Sample i: (i, x_i, y_i) of a fixed linear problem, so that a report can say
+    which samples a step consumed."""
+
+    def __init__(self) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.x = torch.randn(SAMPLES, 4, generator=generator, dtype=torch.float64)
+        self.y = self.x @ torch.tensor([1.0, -2.0, 0.5, 3.0], dtype=torch.float64)
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, index: int):
+        return index, self.x[index], self.y[index]
+
+
+def main() -> None:
+    hvt.init()
+    torch.set_num_threads(1)
+    torch.manual_seed(100 + hvt.rank())  # different until the state's first sync
+    dataset = Numbered()
+    sampler = elastic.ElasticSampler(dataset, shuffle=True, seed=0)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=sampler)
+    model = torch.nn.Linear(4, 1).double()
+    optimizer = hvt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                         model.named_parameters())
+    scheduler = hvt.LinearScalingWarmup(
+        optimizer, batch_size_per_worker=BATCH, base_batch_size=BATCH, warmup_epochs=2,
+        steps_per_epoch=SAMPLES // (BATCH * hvt.size()))
+    state = elastic.TorchState(model, optimizer, scheduler=scheduler, sampler=sampler,
+                               epoch=0, step=0)
+    consumed: list[tuple[int, int]] = []  # this rank's (epoch, sample) since the last commit
+
+    def commit() -> None:
+        # state.commit() is these two calls; the report goes between them, because the
+        # second raises when hosts were added, after the state is saved.
+        state.save()
+        report("commit", step=state.step, epoch=state.epoch, samples=consumed,
+               samples_seen=scheduler.samples_seen, fingerprint=hvt.state_fingerprint(model))
+        consumed.clear()
+        state.check_host_updates()
+
+    @elastic.run
+    def train(state) -> None:
+        consumed.clear()  # what was consumed since the last commit was rolled back
+        while state.epoch < EPOCHS:
+            for batch, (index, x, y) in enumerate(loader):
+                if MODE == "shrink" and state.step == KILL_AT and hvt.rank() == 2:
+                    report("killed", step=state.step, time=time.time())
+                    os.kill(os.getpid(), signal.SIGKILL)
+                lr = optimizer.param_groups[0]["lr"]
+                optimizer.zero_grad()
+                torch.nn.functional.mse_loss(model(x).squeeze(1), y).backward()
+                optimizer.step()
+                scheduler.step()
+                sampler.record_batch(batch, BATCH)
+                consumed.extend((state.epoch, i) for i in index.tolist())
+                state.step += 1
+                report("step", step=state.step - 1, epoch=state.epoch, lr=lr,
+                       time=time.time())
+                if state.step % COMMIT_EVERY == 0:
+                    commit()
+                    if (MODE == "grow" and state.step == GROW_AFTER and hvt.rank() == 0
+                            and hvt.size() == 2):
+                        HOSTS.write_text("host-a:1\nhost-b:1\nhost-c:1\n")
+                time.sleep(0.05)  # leave the driver time to notice a new host
+            state.epoch += 1
+            sampler.set_epoch(state.epoch)
+            commit()
+
+    train(state)
+    hvt.verify_replicas(model)
+    report("done", fingerprint=hvt.state_fingerprint(model), steps=state.step,
+           gloo_timeout=os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS"))
+
+
+if __name__ == "__main__":
+    main()
