@@ -141,3 +141,24 @@ def test_training_examples_run_without_a_launcher_as_one_worker(script, tmp_path
     notices = [line for line in done.stderr.splitlines() if line.startswith("hvdtrain:")]
     assert notices == ["hvdtrain: no launcher (horovodrun/mpirun) detected; "
                        "running as a single worker"]
+
+
+ELASTIC_SUMMARY = re.compile(r"^workers 3 -> 2 at step (\d+), lr ([\d.]+) -> ([\d.]+), "
+                             r"replicas identical, done$")
+
+
+@pytest.mark.timeout(240)
+def test_the_elastic_demo_loses_a_worker_and_finishes_on_two():
+    """`python examples/torch_elastic.py --demo`, as the README runs it: 3 workers (digits,
+    32 per worker, η = 0.05 for 32, 2 warmup epochs), rank 2 killed at step 17. The LR
+    after the loss is the 2-worker rule at the commit it rolled back to."""
+    done = subprocess.run([sys.executable, str(EXAMPLES / "torch_elastic.py"), "--demo"],
+                          capture_output=True, text=True, timeout=220, env={**os.environ})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = ELASTIC_SUMMARY.match(done.stdout.splitlines()[-1])
+    assert summary, done.stdout[-2000:]
+    step, after = int(summary[1]), float(summary[3])
+    assert step % 5 == 0 and step < 17  # the last commit (every 5 steps) before the kill
+    samples_per_epoch = 19 * 3 * 32  # 1,797 digits over 3 workers: 19 batches each
+    epoch = step * 3 * 32 / samples_per_epoch
+    assert after == pytest.approx(0.05 + (2 * 0.05 - 0.05) * epoch / 2, abs=5e-5)

@@ -1,8 +1,9 @@
 """hvdtrain.adapters.torch.elastic in real Horovod elastic jobs (Gloo, one machine).
 
-Each worker gets its own host name (host-a, host-b, host-c) through an ``ssh`` stand-in
-early in PATH that runs the command here: Horovod blacklists the host of a failed
-worker, so workers sharing ``localhost`` could not lose one and go on. One launch
+Each worker gets its own host name (host-a, host-b, host-c) through hvdtrain.local_hosts
+(an ``ssh`` stand-in early in PATH that runs the command here): Horovod blacklists
+the host of a failed worker, so workers sharing ``localhost`` could not lose one and
+go on. One launch
 per scenario of tests/workers/torch_elastic_train.py, checked against the closed-form
 schedule and the data set:
 
@@ -22,6 +23,7 @@ import pytest
 from harness import WORKERS
 
 from hvdtrain.launch import horovodrun_path
+from hvdtrain.local_hosts import LocalHosts
 from hvdtrain.runtime import ELASTIC_DEFAULTS
 from hvdtrain.schedule import LinearScalingSchedule
 
@@ -29,38 +31,15 @@ pytestmark = pytest.mark.timeout(300)
 
 # The worker's settings (tests/workers/torch_elastic_train.py).
 SAMPLES, BATCH, EPOCHS, ETA, WARMUP_EPOCHS = 240, 4, 2, 0.05, 2
-FAKE_SSH = """\
-#!/bin/sh
-# ssh HOST COMMAND, run here: the options Horovod passes are skipped.
-while [ $# -gt 0 ]; do
-  case "$1" in
-    -o|-p|-i) shift 2 ;;
-    -*) shift ;;
-    *) break ;;
-  esac
-done
-shift  # the host
-exec /bin/sh -c "$*"
-"""
-
-
 def elastic_job(tmp_path, mode: str, hosts: list[str], min_np: int, max_np: int) -> list:
     """Run the worker in ``mode`` as an elastic job over ``hosts``; its reports."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "ssh").write_text(FAKE_SSH)
-    (bin_dir / "ssh").chmod(0o755)
-    hosts_file = tmp_path / "hosts"
-    hosts_file.write_text("".join(f"{host}:1\n" for host in hosts))
-    discover = tmp_path / "discover.sh"
-    discover.write_text(f"#!/bin/sh\ncat {hosts_file}\n")
-    discover.chmod(0o755)
+    local = LocalHosts.create(tmp_path, hosts)
     # Without --network-interfaces, Horovod's elastic Gloo launcher waits for 2 real hosts.
     command = [horovodrun_path(), "--gloo", "--network-interfaces", "lo", "-np", str(len(hosts)),
                "--min-np", str(min_np), "--max-np", str(max_np),
-               "--host-discovery-script", str(discover), sys.executable,
-               str(WORKERS / "torch_elastic_train.py"), mode, str(hosts_file)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+               "--host-discovery-script", str(local.discovery_script), sys.executable,
+               str(WORKERS / "torch_elastic_train.py"), mode, str(tmp_path)]
+    env = {**local.environment(), "OMP_NUM_THREADS": "1"}
     job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            env=env, cwd=WORKERS, start_new_session=True)
     try:

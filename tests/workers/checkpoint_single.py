@@ -5,6 +5,9 @@ loop:   save checkpoints to FOLDER/ckpt.pt forever, every parameter set to the s
         number before each save; prints "saved N" after each.
 errors: tries to load an empty, a truncated, a foreign and an unsafe file; prints
         ``REPORT {json}`` with each error message.
+resize: loads FOLDER/four_workers.pt (a scheduler state saved by 4 workers) with a
+        LinearScalingWarmup of this 1-worker job; prints ``REPORT {json}`` with its
+        world size, samples seen and learning rate.
 """
 
 import json
@@ -18,6 +21,16 @@ import hvdtrain.adapters.torch as hvt
 MODE, FOLDER = sys.argv[1], Path(sys.argv[2])
 hvt.init()
 model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 1024))
+
+if MODE == "resize":
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    scheduler = hvt.LinearScalingWarmup(optimizer, batch_size_per_worker=4, base_batch_size=2,
+                                        steps_per_epoch=60, warmup_epochs=2)
+    hvt.load_checkpoint(FOLDER / "four_workers.pt", model, optimizer, scheduler)
+    print("REPORT " + json.dumps({"world_size": scheduler.world_size,
+                                  "samples_seen": scheduler.samples_seen,
+                                  "lr": optimizer.param_groups[0]["lr"]}), flush=True)
+    sys.exit(0)
 
 if MODE == "loop":
     step = 0

@@ -1,4 +1,5 @@
-"""An elastic job with hvdtrain's TorchState: ``python torch_elastic_train.py MODE HOSTS``.
+"""An elastic job with hvdtrain's TorchState: ``python torch_elastic_train.py MODE HOSTS``
+(HOSTS: the folder of hvdtrain.local_hosts.LocalHosts the job was started with).
 
 Every worker trains a float64 linear model on 240 numbered samples (batch 4 per
 worker) with DistributedOptimizer, LinearScalingWarmup (η = 0.05 for a batch of 4,
@@ -8,8 +9,8 @@ at each epoch's end. MODE:
 - ``shrink``: starts on 3 workers; at step 14 (two steps after a commit, mid-epoch)
   the worker of rank 2 kills itself with SIGKILL. The others roll back to step 12
   and go on as 2.
-- ``grow``: starts on 2 workers; after the commit of step 8, rank 0 adds a third
-  host to HOSTS (which the discovery script prints); the job goes on as 3.
+- ``grow``: starts on 2 workers; after the commit of step 8, rank 0 offers a third
+  host through HOSTS; the job goes on as 3.
 
 Each worker prints ``REPORT {json}`` lines: ``step`` (rank, size, step, epoch and the
 learning rate the step used), ``commit`` (the (epoch, sample) pairs this rank
@@ -28,8 +29,9 @@ from scenarios import report as report_for_rank
 
 import hvdtrain.adapters.torch as hvt
 from hvdtrain.adapters.torch import elastic
+from hvdtrain.local_hosts import LocalHosts
 
-MODE, HOSTS = sys.argv[1], Path(sys.argv[2])
+MODE, HOSTS = sys.argv[1], LocalHosts(Path(sys.argv[2]))
 SAMPLES, BATCH, EPOCHS, COMMIT_EVERY = 240, 4, 2, 4
 KILL_AT, GROW_AFTER = 14, 8
 
@@ -102,7 +104,7 @@ def main() -> None:
                     commit()
                     if (MODE == "grow" and state.step == GROW_AFTER and hvt.rank() == 0
                             and hvt.size() == 2):
-                        HOSTS.write_text("host-a:1\nhost-b:1\nhost-c:1\n")
+                        HOSTS.set(["host-a", "host-b", "host-c"])
                 time.sleep(0.05)  # leave the driver time to notice a new host
             state.epoch += 1
             sampler.set_epoch(state.epoch)

@@ -19,6 +19,7 @@ import horovod.torch as _hvd
 import torch
 
 from hvdtrain.adapters.torch._horovod import require_initialized
+from hvdtrain.adapters.torch.scheduler import LinearScalingWarmup
 from hvdtrain.adapters.torch.state import broadcast_state
 from hvdtrain.checkpoint import atomic_write, require_checkpoint_file
 from hvdtrain.trees import leaves
@@ -75,7 +76,9 @@ def load_checkpoint(
 
     Rank 0 reads ``path`` with ``torch.load(weights_only=True)`` and loads it into
     its model, optimizer and scheduler; :func:`broadcast_state` then copies them to
-    the other ranks.
+    the other ranks. A :class:`LinearScalingWarmup` saved by a different number of
+    workers continues with k for this job's, from the samples seen
+    (:meth:`LinearScalingWarmup.set_world_size`).
 
     Returns:
         The extras saved with the checkpoint, on every rank.
@@ -95,7 +98,10 @@ def load_checkpoint(
 
     extra = _on_rank0_for_all(read, f"load checkpoint {os.fspath(path)}",
                               "hvdtrain.checkpoint.loaded")
-    return broadcast_state(model, optimizer, scheduler, root_rank=0, extra=extra or {})
+    extra = broadcast_state(model, optimizer, scheduler, root_rank=0, extra=extra or {})
+    if isinstance(scheduler, LinearScalingWarmup):  # written by another number of workers?
+        scheduler.set_world_size(_hvd.size())
+    return extra
 
 
 def _on_rank0_for_all(action: Callable[[], _Result], what: str, name: str) -> _Result | None:

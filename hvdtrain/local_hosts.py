@@ -1,0 +1,87 @@
+"""Several host names on this one machine, for trying a Horovod elastic job here.
+
+Horovod's elastic driver blacklists the host of a worker that fails, so workers that
+share ``localhost`` cannot lose one and go on. Give each worker a host name of its
+own instead: Horovod starts a worker on a host that is not this machine with
+``ssh HOST COMMAND``, and an ``ssh`` early in ``PATH`` that runs COMMAND here makes
+any name a host of this machine. The host discovery script prints a file that the
+caller (or a worker) rewrites to add or remove hosts while the job runs.
+
+Example::
+
+    hosts = LocalHosts.create(Path("/tmp/job"), ["host-a", "host-b", "host-c"])
+    subprocess.run([horovodrun_path(), "--gloo", "--network-interfaces", "lo",
+                    "-np", "3", "--min-np", "2", "--max-np", "3",
+                    "--host-discovery-script", str(hosts.discovery_script),
+                    sys.executable, "train.py"], env=hosts.environment())
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["LocalHosts"]
+
+# Horovod runs `ssh -o OPTION ... HOST [-p PORT] [-i FILE] [-o OPTION] COMMAND`.
+_SSH_STAND_IN = """\
+#!/bin/sh
+# hvdtrain's ssh stand-in (hvdtrain/local_hosts.py): runs the command on this machine.
+host=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -o|-p|-i|-l) shift 2 ;;
+    -*) shift ;;
+    *) if [ -z "$host" ]; then host="$1"; shift; else break; fi ;;
+  esac
+done
+exec /bin/sh -c "$*"
+"""
+
+
+@dataclass(frozen=True)
+class LocalHosts:
+    """A folder holding ``bin/ssh`` (the stand-in), ``hosts`` (one ``NAME:1`` per
+    line) and ``discover.sh`` (prints ``hosts``)."""
+
+    directory: Path
+
+    @classmethod
+    def create(cls, directory: Path, hosts: Sequence[str]) -> LocalHosts:
+        """Write the stand-in, the discovery script and ``hosts`` into ``directory``.
+
+        Args:
+            directory: an existing or new folder of the caller's.
+            hosts: the host names the job starts with, one slot each.
+
+        Returns:
+            The LocalHosts of ``directory``.
+        """
+        made = cls(Path(directory))
+        (made.directory / "bin").mkdir(parents=True, exist_ok=True)
+        ssh = made.directory / "bin" / "ssh"
+        ssh.write_text(_SSH_STAND_IN)
+        ssh.chmod(0o755)
+        made.discovery_script.write_text(f"#!/bin/sh\ncat '{made.directory / 'hosts'}'\n")
+        made.discovery_script.chmod(0o755)
+        made.set(hosts)
+        return made
+
+    @property
+    def discovery_script(self) -> Path:
+        """The script for ``horovodrun --host-discovery-script``."""
+        return self.directory / "discover.sh"
+
+    def set(self, hosts: Sequence[str]) -> None:
+        """Offer exactly ``hosts`` (one slot each) from the next discovery on."""
+        if not hosts or any(not name or ":" in name or name.strip() != name for name in hosts):
+            raise ValueError(f"hosts must be non-empty host names without ':', got {hosts!r}")
+        staged = self.directory / "hosts.new"
+        staged.write_text("".join(f"{name}:1\n" for name in hosts))
+        staged.replace(self.directory / "hosts")  # the driver never reads half a file
+
+    def environment(self, base: Mapping[str, str] = os.environ) -> dict[str, str]:
+        """``base`` with the stand-in first on ``PATH``, for ``horovodrun``'s process."""
+        return {**base, "PATH": f"{self.directory / 'bin'}{os.pathsep}{base.get('PATH', '')}"}
