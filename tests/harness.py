@@ -10,6 +10,8 @@ fails its test instead of stalling CI.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +37,16 @@ def reports(result: LaunchResult) -> list[dict]:
         for line in rank.output.splitlines()
         if line.startswith("REPORT ")
     ]
+
+
+def single_process(script: str, *args: str, timeout: float = 120) -> tuple[dict, str]:
+    """Run ``tests/workers/<script>`` as one process without a launcher (Horovod runs as
+    a single worker); its one ``REPORT {json}`` line, parsed, and its stderr."""
+    done = subprocess.run([sys.executable, str(WORKERS / script), *args],
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr
+    line = next(line for line in done.stdout.splitlines() if line.startswith("REPORT "))
+    return json.loads(line.removeprefix("REPORT ")), done.stderr
 
 
 class Run:

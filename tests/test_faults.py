@@ -4,14 +4,13 @@ Every job must end (no hang), within 60 s, with a non-zero status, a message nam
 the failed rank and what went wrong, and no process left behind.
 """
 
-import json
 import random
 import subprocess
 import sys
 import time
 
 import pytest
-from harness import WORKERS, launch, reports
+from harness import WORKERS, launch, reports, single_process
 
 from hvdtrain.launch import process_alive
 from hvdtrain.runtime import RUNTIME_DEFAULTS
@@ -146,15 +145,10 @@ def test_sigkill_while_writing_checkpoints_never_loses_the_previous_one(tmp_path
 
 
 def test_bad_checkpoint_files_are_named_with_what_is_wrong(tmp_path):
-    done = subprocess.run(
-        [sys.executable, str(WORKERS / "checkpoint_single.py"), "errors", str(tmp_path)],
-        capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    errors = json.loads(next(line for line in done.stdout.splitlines()
-                             if line.startswith("REPORT "))[len("REPORT "):])
+    errors, stderr = single_process("checkpoint_single.py", "errors", str(tmp_path))
     expected = {"empty": "is empty (0 bytes)", "truncated": "is truncated or not a PyTorch file",
                 "foreign": "not an hvdtrain checkpoint",
                 "unsafe": "not unpickled (weights_only=True)", "missing": "does not exist"}
     for name, what in expected.items():
         assert str(tmp_path / f"{name}.pt") in errors[name] and what in errors[name], name
-    assert "running as a single worker" in done.stderr  # no launcher: a one-line notice
+    assert "running as a single worker" in stderr  # no launcher: a one-line notice

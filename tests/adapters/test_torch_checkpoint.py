@@ -4,13 +4,10 @@ on 2 real ranks (Gloo and MPI), and a checkpoint resumed by another number of wo
 The launch, shared by tests/adapters/test_torch_*.py: conftest.py's ``torch_run``.
 """
 
-import json
-import subprocess
-import sys
 
 import pytest
 import torch
-from harness import WORKERS
+from harness import single_process
 
 from hvdtrain.adapters.torch import LinearScalingWarmup
 from hvdtrain.adapters.torch.checkpoint import CHECKPOINT_FORMAT
@@ -54,11 +51,6 @@ def test_a_checkpoint_of_four_workers_resumes_on_one_with_the_rule_for_one(tmp_p
     torch.save({"format": CHECKPOINT_FORMAT, "model": model.state_dict(),
                 "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                 "extra": {}}, tmp_path / "four_workers.pt")
-    done = subprocess.run(
-        [sys.executable, str(WORKERS / "checkpoint_single.py"), "resize", str(tmp_path)],
-        capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    resumed = json.loads(next(line for line in done.stdout.splitlines()
-                              if line.startswith("REPORT "))[len("REPORT "):])
+    resumed, _ = single_process("checkpoint_single.py", "resize", str(tmp_path))
     assert resumed["world_size"] == 1 and resumed["samples_seen"] == 30 * 16
     assert resumed["lr"] == pytest.approx(0.0625, rel=1e-12)
