@@ -9,22 +9,26 @@ On top of Horovod's ``TorchState`` (model, optimizer, an :class:`ElasticSampler`
 plain extras), this one carries a :class:`~hvdtrain.adapters.torch.LinearScalingWarmup`:
 after every reset it continues the rule for the new k from the samples seen so far.
 
-Example::
+Example (``examples/torch_elastic.py`` is a whole one)::
 
-    sampler = hvt_elastic.ElasticSampler(dataset, seed=0)
+    sampler = hvt.elastic.ElasticSampler(dataset, seed=0)
     loader = torch.utils.data.DataLoader(dataset, batch_size=32, sampler=sampler)
-    state = hvt_elastic.TorchState(model, optimizer, scheduler=scheduler,
+    state = hvt.elastic.TorchState(model, optimizer, scheduler=scheduler,
                                    sampler=sampler, epoch=0)
 
-    @hvt_elastic.run
+    @hvt.elastic.run
     def train(state):
-        for state.epoch in range(state.epoch, epochs):
+        while state.epoch < epochs:
             for batch, (x, y) in enumerate(loader):
                 ...  # forward, backward, optimizer.step(), scheduler.step()
                 sampler.record_batch(batch, 32)
                 if batch % 10 == 0:
                     state.commit()
-            sampler.set_epoch(state.epoch + 1)
+            # Count the epoch done before committing it: a reset right after the commit
+            # must not run the epoch again.
+            state.epoch += 1
+            sampler.set_epoch(state.epoch)
+            state.commit()
 
     train(state)
 """
