@@ -135,12 +135,8 @@ class LinearScalingSchedule:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be an int >= 0, got {step!r}")
         if step < self.warmup_steps:
-            eta = self.base_lr
-            lr = eta + (self.target_lr - eta) * step / self.warmup_steps
-        else:
-            lr = self.target_lr
-        decays = bisect_right(self.milestones, step // self.steps_per_epoch)
-        return lr * self.gamma**decays if decays else lr
+            return self._rate(step, self.warmup_steps, step // self.steps_per_epoch)
+        return self._rate(None, None, step // self.steps_per_epoch)
 
     def lr_at_epoch(self, epoch: float) -> float:
         """The rule at a point of training measured in epochs (fractions allowed).
@@ -154,11 +150,18 @@ class LinearScalingSchedule:
         if isinstance(epoch, bool) or not is_finite_number(epoch) or epoch < 0:
             raise ValueError(f"epoch must be a finite number >= 0, got {epoch!r}")
         if self.scale > 1 and epoch < self.warmup_epochs:
-            eta = self.base_lr
-            lr = eta + (self.target_lr - eta) * epoch / self.warmup_epochs
-        else:
+            return self._rate(epoch, self.warmup_epochs, int(epoch))
+        return self._rate(None, None, int(epoch))
+
+    def _rate(self, ramp_done: float | None, ramp_length: float | None, epoch: int) -> float:
+        """The rule itself: η plus ``ramp_done / ramp_length`` of the way to kη (kη once
+        the ramp is over: ``None``), times ``gamma`` per milestone up to ``epoch``."""
+        if ramp_done is None:
             lr = self.target_lr
-        decays = bisect_right(self.milestones, int(epoch))
+        else:
+            eta = self.base_lr
+            lr = eta + (self.target_lr - eta) * ramp_done / ramp_length
+        decays = bisect_right(self.milestones, epoch)
         return lr * self.gamma**decays if decays else lr
 
     def factor_at(self, step: int) -> float:
