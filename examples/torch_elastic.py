@@ -23,18 +23,14 @@ import argparse
 import os
 import re
 import signal
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import numpy as np
 import torch
 from sklearn.datasets import load_digits
 
 import hvdtrain.adapters.torch as hvt
-from hvdtrain.launch import horovodrun_path
-from hvdtrain.local_hosts import LocalHosts
+from hvdtrain.local_hosts import run_elastic_demo
 
 SUMMARY = re.compile(r"workers \d+ -> \d+ at step \d+, lr .* done$")
 
@@ -126,30 +122,11 @@ def train(args: argparse.Namespace) -> None:
 def demo(args: argparse.Namespace) -> int:
     """Run this script as a 3-worker elastic job on this machine, one host name per
     worker, whose rank 2 kills itself at step 17 (two steps after a commit)."""
-    with tempfile.TemporaryDirectory(prefix="hvdtrain-elastic-demo-") as folder:
-        hosts = LocalHosts.create(Path(folder), ["host-a", "host-b", "host-c"])
-        command = [horovodrun_path(), "--gloo", "--network-interfaces", "lo",
-                   "-np", "3", "--min-np", "2", "--max-np", "3",
-                   "--host-discovery-script", str(hosts.discovery_script),
-                   sys.executable, __file__, "--epochs", str(args.epochs),
-                   "--kill-rank-at-step", "2", "17"]
-        say("starting 3 workers (host-a, host-b, host-c on this machine); rank 2 will be "
-            "killed at step 17")
-        job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, env={**hosts.environment(), "OMP_NUM_THREADS": "1"})
-        summary = None
-        for line in job.stdout:
-            text = re.sub(r"^\[\d+\]<std(out|err)>:", "", line.rstrip("\n"))
-            if line.startswith("[0]<stdout>:"):
-                say(text)
-                summary = text if SUMMARY.search(text) else summary
-            elif "exit with status code 137" in line:
-                say("a worker was killed (SIGKILL): the others go on")
-        returncode = job.wait()
-        if returncode != 0 or summary is None:
-            say(f"the elastic job failed (exit {returncode})")
-            return 1
-        return 0
+    say("starting 3 workers (host-a, host-b, host-c on this machine); rank 2 will be "
+        "killed at step 17")
+    return run_elastic_demo(
+        [sys.executable, __file__, "--epochs", str(args.epochs), "--kill-rank-at-step", "2", "17"],
+        ["host-a", "host-b", "host-c"], min_np=2, summary=SUMMARY, say=say)
 
 
 def main() -> int:

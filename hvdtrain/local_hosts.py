@@ -19,11 +19,14 @@ Example::
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+import re
+import subprocess
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["LocalHosts"]
+__all__ = ["LocalHosts", "run_elastic_demo"]
 
 # Horovod runs `ssh -o OPTION ... HOST [-p PORT] [-i FILE] [-o OPTION] COMMAND`.
 _SSH_STAND_IN = """\
@@ -85,3 +88,42 @@ class LocalHosts:
     def environment(self, base: Mapping[str, str] = os.environ) -> dict[str, str]:
         """``base`` with the stand-in first on ``PATH``, for ``horovodrun``'s process."""
         return {**base, "PATH": f"{self.directory / 'bin'}{os.pathsep}{base.get('PATH', '')}"}
+
+
+def run_elastic_demo(worker_command: Sequence[str], hosts: Sequence[str], *, min_np: int,
+                     summary: re.Pattern[str], say: Callable[[str], None]) -> int:
+    """Run ``worker_command`` as an elastic Gloo job on this machine, one host name per
+    worker, passing rank 0's lines to ``say``.
+
+    Args:
+        worker_command: the command every worker runs (``[sys.executable, script, ...]``).
+        hosts: the host names to start with, one worker each.
+        min_np: the fewest workers the job may go on with.
+        summary: what rank 0's last line must match for the demo to have succeeded.
+        say: prints one line.
+
+    Returns:
+        0 when the job exited 0 and rank 0 printed a ``summary`` line, else 1.
+    """
+    from hvdtrain.launch import horovodrun_path
+
+    with tempfile.TemporaryDirectory(prefix="hvdtrain-elastic-demo-") as folder:
+        local = LocalHosts.create(Path(folder), hosts)
+        command = [horovodrun_path(), "--gloo", "--network-interfaces", "lo",
+                   "-np", str(len(hosts)), "--min-np", str(min_np), "--max-np", str(len(hosts)),
+                   "--host-discovery-script", str(local.discovery_script), *worker_command]
+        job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, env={**local.environment(), "OMP_NUM_THREADS": "1"})
+        last = None
+        for line in job.stdout:
+            text = re.sub(r"^\[\d+\]<std(out|err)>:", "", line.rstrip("\n"))
+            if line.startswith("[0]<stdout>:"):
+                say(text)
+                last = text if summary.search(text) else last
+            elif "exit with status code 137" in line:
+                say("a worker was killed (SIGKILL): the others go on")
+        returncode = job.wait()
+    if returncode != 0 or last is None:
+        say(f"the elastic job failed (exit {returncode})")
+        return 1
+    return 0

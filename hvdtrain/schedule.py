@@ -153,6 +153,43 @@ class LinearScalingSchedule:
             return self._rate(epoch, self.warmup_epochs, int(epoch))
         return self._rate(None, None, int(epoch))
 
+    def samples_seen(self, step: int, resized_at: tuple[int, int] | None = None) -> int:
+        """Examples consumed over all workers by the first ``step`` optimizer steps.
+
+        Args:
+            step: optimizer steps taken so far.
+            resized_at: ``(step, samples seen)`` when the number of workers last
+                changed to this schedule's ``world_size``; None when it never changed.
+
+        Returns:
+            The samples seen: each step since the change counts this schedule's
+            global batch.
+        """
+        if resized_at is None:
+            return step * self.global_batch_size
+        resized_step, resized_samples = resized_at
+        return resized_samples + (step - resized_step) * self.global_batch_size
+
+    def lr_at_progress(self, step: int, resized_at: tuple[int, int] | None,
+                       samples_per_epoch: int) -> float:
+        """The rate of optimizer step ``step`` in a run whose number of workers may
+        have changed (an elastic job, or a checkpoint resumed on another world size).
+
+        Args:
+            step: the step (0-based), counted from the start of training.
+            resized_at: as in :meth:`samples_seen`; None means the world size never
+                changed and the rate is exactly :meth:`lr_at`.
+            samples_per_epoch: the examples in one epoch of the data set.
+
+        Returns:
+            ``lr_at(step)`` before any change; after one, :meth:`lr_at_epoch` at
+            samples seen / ``samples_per_epoch``, so the warmup keeps its length in
+            epochs and milestones stay at their epochs.
+        """
+        if resized_at is None:
+            return self.lr_at(step)
+        return self.lr_at_epoch(self.samples_seen(step, resized_at) / samples_per_epoch)
+
     def _rate(self, ramp_done: float | None, ramp_length: float | None, epoch: int) -> float:
         """The rule itself: η plus ``ramp_done / ramp_length`` of the way to kη (kη once
         the ramp is over: ``None``), times ``gamma`` per milestone up to ``epoch``."""

@@ -148,11 +148,12 @@ ELASTIC_SUMMARY = re.compile(r"^workers 3 -> 2 at step (\d+), lr ([\d.]+) -> ([\
 
 
 @pytest.mark.timeout(240)
-def test_the_elastic_demo_loses_a_worker_and_finishes_on_two():
-    """`python examples/torch_elastic.py --demo`, as the README runs it: 3 workers (digits,
-    32 per worker, η = 0.05 for 32, 2 warmup epochs), rank 2 killed at step 17. The LR
-    after the loss is the 2-worker rule at the commit it rolled back to."""
-    done = subprocess.run([sys.executable, str(EXAMPLES / "torch_elastic.py"), "--demo"],
+@pytest.mark.parametrize("example", ["torch_elastic.py", "keras_elastic.py"])
+def test_the_elastic_demo_loses_a_worker_and_finishes_on_two(example):
+    """`python examples/<example> --demo`, as the README runs it: 3 workers (digits, 32 per
+    worker, η = 0.05 for 32, 2 warmup epochs), rank 2 killed at step 17. The LR after
+    the loss is the 2-worker rule at the commit it rolled back to."""
+    done = subprocess.run([sys.executable, str(EXAMPLES / example), "--demo"],
                           capture_output=True, text=True, timeout=220, env={**os.environ})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = ELASTIC_SUMMARY.match(done.stdout.splitlines()[-1])

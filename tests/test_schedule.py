@@ -173,6 +173,21 @@ def test_the_rule_in_epochs_after_a_change_of_world_size():
     assert shrunk.lr_at_epoch(30.0) == pytest.approx(k * eta * 0.1, rel=1e-12)
 
 
+def test_progress_is_the_step_rule_until_a_resize_then_the_rule_at_the_samples_seen():
+    """256 workers x 32 for 390 steps (of 156 per epoch), then 192 workers: samples and
+    rates written out from the definitions."""
+    before, after = paper_schedule(), paper_schedule(world_size=192)
+    per_epoch = 156 * 256 * 32
+    assert before.samples_seen(390) == 390 * 8192
+    assert before.lr_at_progress(390, None, per_epoch) == before.lr_at(390)
+    resized_at = (390, 390 * 8192)
+    assert after.samples_seen(400, resized_at) == 390 * 8192 + 10 * 192 * 32
+    epoch = (390 * 8192 + 10 * 6144) / per_epoch
+    k = 32 * 192 / 256
+    assert after.lr_at_progress(400, resized_at, per_epoch) == pytest.approx(
+        0.1 + (k * 0.1 - 0.1) * epoch / 5, rel=1e-12)
+
+
 @pytest.mark.parametrize("epoch", [-0.5, math.nan, math.inf, True, "1"])
 def test_the_rule_in_epochs_rejects_a_point_that_is_not_one(epoch):
     with pytest.raises(ValueError, match="epoch must be a finite number >= 0"):

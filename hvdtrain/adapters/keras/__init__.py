@@ -11,6 +11,7 @@ module per concern:
 - :mod:`.callbacks`: :class:`BroadcastInitialState`, :class:`LinearScalingWarmup`,
   :class:`MetricAverage`, :class:`ReplicaCheck`, :class:`CollectiveWatchdog`.
 - :mod:`.state`: :func:`verify_replicas`.
+- :mod:`.elastic`: elastic training with ``fit`` (workers leave and join).
 - :mod:`.collectives`: the collectives on Keras tensors that all of these use (shared
   with :mod:`hvdtrain.adapters.tensorflow`); :mod:`._internals`: the private Keras
   APIs relied on, with the Keras version they were checked against.
@@ -38,7 +39,7 @@ ReduceLROnPlateau, ModelCheckpoint), so that every rank acts on the same values.
 
 from __future__ import annotations
 
-from hvdtrain.adapters.keras import collectives
+from hvdtrain.adapters.keras import collectives, elastic
 from hvdtrain.adapters.keras.callbacks import (
     BroadcastInitialState,
     CollectiveWatchdog,
@@ -55,7 +56,7 @@ from hvdtrain.runtime import init_horovod
 __all__ = [
     "Average", "BroadcastInitialState", "CollectiveWatchdog", "DistributedOptimizer",
     "LinearScalingWarmup", "MetricAverage", "RankDisagreementError", "ReplicaCheck",
-    "ReplicaMismatchError", "Sum", "init", "is_initialized", "load_model", "local_rank",
+    "ReplicaMismatchError", "Sum", "elastic", "init", "is_initialized", "load_model", "local_rank",
     "local_size", "rank", "shutdown", "size", "verify_replicas",
 ]
 

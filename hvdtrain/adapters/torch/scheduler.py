@@ -109,12 +109,7 @@ class LinearScalingWarmup(torch.optim.lr_scheduler.LRScheduler):
     @property
     def samples_seen(self) -> int:
         """Examples consumed by the optimizer steps taken so far, over all workers."""
-        step = max(self.last_epoch, 0)
-        batch = self.schedule_for(1.0).global_batch_size
-        if self.resized_at is None:
-            return step * batch
-        resized_step, resized_samples = self.resized_at
-        return resized_samples + (step - resized_step) * batch
+        return self.schedule_for(1.0).samples_seen(max(self.last_epoch, 0), self.resized_at)
 
     def set_world_size(self, world_size: int) -> None:
         """Continue with k for ``world_size`` workers from the samples seen so far.
@@ -135,13 +130,10 @@ class LinearScalingWarmup(torch.optim.lr_scheduler.LRScheduler):
 
     def get_lr(self) -> list[float]:
         """Each param group's rate for the current step (torch's scheduler protocol)."""
-        if self.resized_at is None:
-            step = max(self.last_epoch, 0)
-            return [self.schedule_for(eta).lr_at(step) if eta > 0 else 0.0
-                    for eta in self.base_lrs]
-        epoch = self.samples_seen / self.samples_per_epoch
-        return [self.schedule_for(eta).lr_at_epoch(epoch) if eta > 0 else 0.0
-                for eta in self.base_lrs]
+        step = max(self.last_epoch, 0)
+        return [self.schedule_for(eta).lr_at_progress(step, self.resized_at,
+                                                      self.samples_per_epoch)
+                if eta > 0 else 0.0 for eta in self.base_lrs]
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume the progress in ``state_dict`` and set the optimizer's rates to it."""

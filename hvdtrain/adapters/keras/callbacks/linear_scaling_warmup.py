@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import keras
 from keras import ops
 
 from hvdtrain.adapters.keras import _internals, collectives
+from hvdtrain.runtime import elastic_job
 from hvdtrain.schedule import (
     DEFAULT_BASE_BATCH_SIZE,
     DEFAULT_GAMMA,
     DEFAULT_WARMUP_EPOCHS,
     LinearScalingSchedule,
 )
+from hvdtrain.validation import require_positive_int
 
 
 class LinearScalingWarmup(keras.callbacks.Callback):
@@ -31,6 +34,11 @@ class LinearScalingWarmup(keras.callbacks.Callback):
     the rate changes (Goyal et al. §3, remark 2); other optimizers are left alone.
     Resumes with ``fit(initial_epoch=...)``; when continuing a model whose optimizer
     already holds a scaled rate, pass ``base_lr`` (η) explicitly.
+
+    In an elastic job (:mod:`hvdtrain.adapters.keras.elastic`) the callback keeps its
+    progress across ``fit`` calls and resets: give it to the ``KerasState``, which
+    commits, restores and syncs it and calls :meth:`set_world_size` after every
+    reset, so the rate follows the rule for the new k from the samples seen so far.
 
     Example::
 
@@ -62,16 +70,24 @@ class LinearScalingWarmup(keras.callbacks.Callback):
         self.schedule: LinearScalingSchedule | None = None
         self._batches_per_epoch = 0
         self._passes = 1
-        self._epoch = 0
+        # Micro-batches trained since training began (the batch about to run, once
+        # on_train_batch_begin has set its rate), and the progress an elastic job keeps:
+        # the number of workers, and (step, samples seen) when it last changed.
+        self._batches_done = 0
+        self.world_size: int | None = None
+        self.resized_at: tuple[int, int] | None = None
+        self.samples_per_epoch: int | None = None  # as the schedule counts them
         # Validate now, with placeholders where fit fills in later, so bad input fails early.
         self._make_schedule(base_lr or 1.0, steps_per_epoch or 1, passes=1)
 
     def _make_schedule(self, base_lr: float, batches_per_epoch: int,
-                       passes: int) -> LinearScalingSchedule:
+                       passes: int, world_size: int | None = None) -> LinearScalingSchedule:
         hvd = collectives.horovod()
+        if world_size is None:
+            world_size = hvd.size() if hvd.is_initialized() else 1
         return LinearScalingSchedule(
             base_lr=base_lr, batch_size_per_worker=self.batch_size_per_worker,
-            world_size=hvd.size() if hvd.is_initialized() else 1,
+            world_size=world_size,
             steps_per_epoch=max(1, batches_per_epoch // passes),
             base_batch_size=self.base_batch_size, warmup_epochs=self.warmup_epochs,
             milestones=self.milestones, gamma=self.gamma, backward_passes_per_step=passes,
@@ -80,6 +96,11 @@ class LinearScalingWarmup(keras.callbacks.Callback):
     def on_train_begin(self, logs=None) -> None:
         """Fix η and the schedule and check that every rank has the same one."""
         collectives.require_initialized("LinearScalingWarmup")
+        if self.schedule is not None and elastic_job():
+            # A later fit of an elastic job (after a reset, or after a partial epoch), or
+            # a worker that joined and was given rank 0's progress: keep the schedule,
+            # whatever this fit's epoch length.
+            return
         optimizer = self.model.optimizer
         if _internals.has_schedule(optimizer):
             raise TypeError("the optimizer's learning rate is a LearningRateSchedule; give it a "
@@ -98,6 +119,13 @@ class LinearScalingWarmup(keras.callbacks.Callback):
         self._passes = optimizer.gradient_accumulation_steps or 1
         self._batches_per_epoch = batches
         self.schedule = self._make_schedule(self.base_lr, batches, self._passes)
+        self.world_size = self.schedule.world_size
+        self.resized_at = None
+        self.samples_per_epoch = self.schedule.steps_per_epoch * self.schedule.global_batch_size
+        if elastic_job():
+            # A worker that joins an elastic job starts this fit later than the others;
+            # the elastic state's sync has given it rank 0's schedule and progress.
+            return
         collectives.check_ranks_agree(
             {name: getattr(self.schedule, name) for name in (
                 "base_lr", "batch_size_per_worker", "steps_per_epoch", "base_batch_size",
@@ -105,14 +133,71 @@ class LinearScalingWarmup(keras.callbacks.Callback):
             "LinearScalingWarmup")
 
     def on_epoch_begin(self, epoch: int, logs=None) -> None:
-        """Remember the epoch: the step of a batch counts from the start of training."""
-        self._epoch = epoch
+        """Count the batches of the epochs before: a step counts from the start of
+        training (in an elastic job the count is the elastic state's instead)."""
+        if not elastic_job():
+            self._batches_done = epoch * self._batches_per_epoch
 
     def on_train_batch_begin(self, batch: int, logs=None) -> None:
         """Set the rate of this batch's optimizer step (and correct the momentum)."""
-        step = (self._epoch * self._batches_per_epoch + batch) // self._passes
+        self._set_rate(self.lr)
+        self._batches_done += 1
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken so far (the step the next batch belongs to)."""
+        return self._batches_done // self._passes
+
+    @property
+    def lr(self) -> float:
+        """The rule's rate for :attr:`step`, at the current world size."""
+        return self.schedule.lr_at_progress(self.step, self.resized_at, self.samples_per_epoch)
+
+    @property
+    def samples_seen(self) -> int:
+        """Examples consumed by the optimizer steps taken so far, over all workers."""
+        return self.schedule.samples_seen(self.step, self.resized_at)
+
+    def set_world_size(self, world_size: int) -> None:
+        """Continue with k for ``world_size`` workers from the samples seen so far.
+
+        The next batch gets the rule for the new k at that point in epochs
+        (:meth:`hvdtrain.schedule.LinearScalingSchedule.lr_at_progress`), and the
+        momentum is corrected for the change of rate. Called by the elastic
+        ``KerasState`` after every reset.
+        """
+        require_positive_int("world_size", world_size)
+        if self.schedule is None or world_size == self.world_size:
+            self.world_size = world_size
+            return
+        self.resized_at = (self.step, self.samples_seen)
+        self.world_size = world_size
+        self.schedule = self._make_schedule(self.base_lr, self._batches_per_epoch, self._passes,
+                                            world_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The progress an elastic job commits and syncs (plain Python values)."""
+        return {"base_lr": self.base_lr, "batches_per_epoch": self._batches_per_epoch,
+                "passes": self._passes, "batches_done": self._batches_done,
+                "world_size": self.world_size, "resized_at": self.resized_at,
+                "samples_per_epoch": self.samples_per_epoch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (from :meth:`state_dict`, maybe another rank's)."""
+        if state["base_lr"] is None:  # saved before training began: nothing to continue
+            return
+        self.base_lr = state["base_lr"]
+        self._batches_per_epoch = state["batches_per_epoch"]
+        self._passes = state["passes"]
+        self._batches_done = state["batches_done"]
+        self.resized_at = tuple(state["resized_at"]) if state["resized_at"] else None
+        self.samples_per_epoch = state["samples_per_epoch"]
+        self.world_size = state["world_size"]
+        self.schedule = self._make_schedule(self.base_lr, self._batches_per_epoch, self._passes,
+                                            self.world_size)
+
+    def _set_rate(self, new: float) -> None:
         optimizer = self.model.optimizer
-        new = self.schedule.lr_at(step)
         old = _learning_rate(optimizer)
         if new == old:
             return
