@@ -8,6 +8,7 @@ import keras
 import numpy as np
 import pytest
 from elastic_jobs import check_grow, check_shrink, elastic_job
+from harness import single_process
 from keras import ops
 
 import hvdtrain.adapters.keras as hvk
@@ -37,6 +38,14 @@ def test_run_retries_from_the_commit_on_a_horovod_failure_and_lets_other_errors_
                                    "committed_weights_each_call": [True, True], "size": 1}
     assert report["unknown_error"] == "UnknownError"
     assert report["value_error"] == "ValueError"
+
+
+def test_a_model_resumed_on_another_number_of_workers_follows_this_jobs_rule():
+    """fit(initial_epoch=1) on one worker: k = 4 x 1 / 2 = 2 at epoch 1 of a 2-epoch
+    warmup, η + (2η - η) x 1/2, whatever rate the (loaded) optimizer held."""
+    report, _ = single_process("keras_resume_single.py")
+    assert report["size"] == 1
+    assert report["lr"] == pytest.approx(0.05 + 0.05 * 0.5, rel=1e-6)
 
 
 def shares(data: ElasticData, size: int) -> list[np.ndarray]:

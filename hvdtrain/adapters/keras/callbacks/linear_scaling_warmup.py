@@ -134,8 +134,9 @@ class LinearScalingWarmup(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch: int, logs=None) -> None:
         """Count the batches of the epochs before: a step counts from the start of
-        training (in an elastic job the count is the elastic state's instead)."""
-        if not elastic_job():
+        training. In an elastic job the count is the elastic state's once training has
+        begun (an epoch may have been cut short by a reset)."""
+        if not elastic_job() or (self._batches_done == 0 and self.resized_at is None):
             self._batches_done = epoch * self._batches_per_epoch
 
     def on_train_batch_begin(self, batch: int, logs=None) -> None:
