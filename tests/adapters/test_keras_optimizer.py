@@ -9,7 +9,15 @@ import keras
 import numpy as np
 import pytest
 from harness import max_difference
-from workers.keras_common import EPOCHS, STEPS_PER_EPOCH, make_model, reference_fit
+from workers.keras_common import (
+    EPOCHS,
+    OVERFLOW_STEP,
+    STEPS_PER_EPOCH,
+    make_model,
+    reference_fit,
+    reference_mixed_precision,
+    use_floatx,
+)
 
 import hvdtrain.adapters.keras as hvk
 
@@ -46,7 +54,7 @@ def test_compression_stays_within_its_rounding(keras_run, name, unit):
     the fp16 sum's own rounding and feedback through later gradients (measured here:
     0.61u for fp16, 0.41u for bf16)."""
     exact = keras_run.arrays("sgd_float32")
-    keras.config.set_floatx("float32")
+    use_floatx("float32")
     travelled = max_difference(exact, make_model().get_weights())
     difference = max_difference(keras_run.arrays(name), exact)
     assert 0 < difference <= 2 * unit * travelled
@@ -101,3 +109,42 @@ def test_distributed_optimizer_refuses_a_used_optimizer_and_keeps_the_config():
     optimizer.build([keras.Variable(np.zeros(2))])
     with pytest.raises(ValueError, match="already been used"):
         hvk.DistributedOptimizer(optimizer)
+
+
+def test_mixed_float16_ranks_take_the_loss_scaling_decision_together(keras_run):
+    """Rank 1's share of step 2 overflows float16: with Keras's own wrapper rank 1 alone
+    would skip the step and halve its scale (rank 0's allreduce then pairs with rank 1's
+    next step). Here both skip it and halve, the step count stays in step, and the
+    weights equal one plain-Keras process with loss scaling on the concatenated batch
+    (which sees the overflow in its step 2 too)."""
+    reference, recorder = reference_mixed_precision()
+    runs = keras_run.both("mixed_precision")
+    for run in runs:
+        assert run["optimizer"] == "LossScaleOptimizer"
+        assert run["scales"] == recorder.scales
+        assert run["iterations"] == recorder.iterations
+    assert recorder.scales[OVERFLOW_STEP] == recorder.scales[OVERFLOW_STEP - 1] / 2
+    assert recorder.iterations[OVERFLOW_STEP] == recorder.iterations[OVERFLOW_STEP - 1]
+    for rank in (0, 1):
+        # float16 forward passes over 4 rows per rank vs 8 in one process.
+        assert max_difference(keras_run.arrays("mixed_precision", rank), reference) <= 2e-3
+
+
+def test_loss_scaling_is_distributed_when_asked_for_and_a_late_policy_is_refused():
+    from hvdtrain.adapters.keras.optimizer import require_agreeing_loss_scaling
+
+    wrapped = hvk.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.SGD(0.1), initial_scale=1024.0))
+    assert isinstance(wrapped, keras.optimizers.LossScaleOptimizer)
+    assert wrapped.initial_scale == 1024.0 and type(wrapped.inner_optimizer) is \
+        keras.optimizers.SGD
+    require_agreeing_loss_scaling(wrapped)
+    with pytest.raises(ValueError, match="backward_passes_per_step"):
+        hvk.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1)),
+                                 backward_passes_per_step=2)
+    # The policy set after wrapping: compile adds Keras's own wrapper around ours.
+    late = keras.optimizers.LossScaleOptimizer(hvk.DistributedOptimizer(keras.optimizers.SGD(0.1)))
+    with pytest.raises(ValueError, match="set the mixed_float16 policy before"):
+        require_agreeing_loss_scaling(late)
+    with pytest.raises(ValueError, match="already distributed"):
+        hvk.DistributedOptimizer(late)

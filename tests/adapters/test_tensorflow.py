@@ -5,7 +5,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from harness import max_difference
-from workers.keras_common import EPOCHS, STEPS_PER_EPOCH, reference_custom_loop, schedule
+from workers.keras_common import (
+    EPOCHS,
+    STEPS_PER_EPOCH,
+    reference_custom_loop,
+    schedule,
+    use_floatx,
+)
 
 import hvdtrain.adapters.tensorflow as hvtf
 from hvdtrain.schedule import LinearScalingSchedule
@@ -28,7 +34,7 @@ def test_custom_loop_learning_rate_is_the_schedule(keras_run):
 def test_schedule_object_is_hvdtrain_schedule_and_serializes():
     arguments = dict(batch_size_per_worker=32, steps_per_epoch=10, base_batch_size=64,
                      warmup_epochs=3, milestones=[5, 8], gamma=0.5, world_size=8)
-    keras.config.set_floatx("float64")
+    use_floatx("float64")
     rate = hvtf.LinearScalingWarmup(0.1, **arguments)
     plan = LinearScalingSchedule(base_lr=0.1, batch_size_per_worker=32, world_size=8,
                                  steps_per_epoch=10, base_batch_size=64, warmup_epochs=3,

@@ -19,11 +19,14 @@ from keras_common import (
     ETA,
     STEPS_PER_EPOCH,
     WARMUP_EPOCHS,
+    LossScaleRecorder,
     loss,
     make_data,
     make_model,
     make_optimizer,
+    make_overflowing_data,
     shard,
+    use_floatx,
 )
 from scenarios import report as report_for_rank
 from scenarios import run_scenarios
@@ -68,7 +71,7 @@ class Recorder(keras.callbacks.Callback):
 
 
 def fit(name: str, kind: str, passes: int = 1, compression=None, floatx="float64") -> None:
-    keras.config.set_floatx(floatx)
+    use_floatx(floatx)
     x, y = shard(*make_data(passes), hvk.rank())
     model = make_model(seed=123 if hvk.rank() == 0 else 999)  # different until broadcast
     optimizer = hvk.DistributedOptimizer(make_optimizer(kind), compression=compression,
@@ -93,7 +96,7 @@ def fit(name: str, kind: str, passes: int = 1, compression=None, floatx="float64
 
 
 def scenario_save_and_load() -> None:
-    keras.config.set_floatx("float64")
+    use_floatx("float64")
     x, y = shard(*make_data(), hvk.rank())
     model = make_model()
     model.compile(optimizer=hvk.DistributedOptimizer(make_optimizer("sgd")), loss=loss(),
@@ -119,7 +122,7 @@ def scenario_save_and_load() -> None:
 
 def scenario_resume() -> None:
     """Fit 2 epochs, save, load in a new model object and fit on from initial_epoch=2."""
-    keras.config.set_floatx("float64")
+    use_floatx("float64")
     x, y = shard(*make_data(), hvk.rank())
     model = make_model()
     model.compile(optimizer=hvk.DistributedOptimizer(make_optimizer("sgd")), loss=loss(),
@@ -143,8 +146,23 @@ def scenario_resume() -> None:
     save("resume", resumed)
 
 
+def scenario_mixed_precision() -> None:
+    """mixed_float16 with one rank's batch overflowing: both ranks skip that step."""
+    use_floatx("mixed_float16")
+    x, y = shard(*make_overflowing_data(), hvk.rank())
+    model = make_model(seed=123 if hvk.rank() == 0 else 999)
+    model.compile(optimizer=hvk.DistributedOptimizer(keras.optimizers.SGD(ETA["sgd"])),
+                  loss=loss(), jit_compile=False)
+    recorder = LossScaleRecorder()
+    model.fit(x, y, batch_size=BATCH_PER_WORKER, epochs=1, shuffle=False, verbose=0,
+              callbacks=[hvk.BroadcastInitialState(), recorder, hvk.ReplicaCheck()])
+    report("mixed_precision", scales=recorder.scales, iterations=recorder.iterations,
+           optimizer=type(model.optimizer).__name__)
+    save("mixed_precision", model)
+
+
 def scenario_replica_check_and_metrics() -> None:
-    keras.config.set_floatx("float64")
+    use_floatx("float64")
     model = make_model()
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss(), jit_compile=False)
     hvk.verify_replicas(model)
@@ -166,7 +184,7 @@ def scenario_replica_check_and_metrics() -> None:
 
 def scenario_failures() -> None:
     """A NaN on rank 1, and ranks that start with different settings: errors everywhere."""
-    keras.config.set_floatx("float64")
+    use_floatx("float64")
     x, y = shard(*make_data(), hvk.rank())
     if hvk.rank() == 1:
         x = x.copy()
@@ -210,7 +228,7 @@ def scenario_custom_loop() -> None:
 
     import hvdtrain.adapters.tensorflow as hvtf
 
-    keras.config.set_floatx("float64")
+    use_floatx("float64")
     x, y = shard(*make_data(), hvk.rank())
     model = make_model(seed=123 if hvtf.rank() == 0 else 999)
     optimizer = keras.optimizers.SGD(
@@ -256,6 +274,7 @@ def main() -> None:
                                           floatx="float32"),
             "save_load": scenario_save_and_load,
             "resume": scenario_resume,
+            "mixed_precision": scenario_mixed_precision,
             "replica_check": scenario_replica_check_and_metrics,
             "failures": scenario_failures,
             "custom_loop": scenario_custom_loop,

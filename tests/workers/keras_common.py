@@ -19,6 +19,16 @@ WARMUP_EPOCHS = 2
 ETA = {"sgd": 0.05, "adam": 0.01}
 
 
+def use_floatx(name: str) -> None:
+    """Make new layers compute in ``name`` (a dtype or "mixed_float16").
+
+    Setting floatx alone is not enough: the first layer made fixes Keras's global dtype
+    policy at the floatx of the moment, and later floatx changes do not move it.
+    """
+    keras.config.set_floatx("float32" if name.startswith("mixed") else name)
+    keras.config.set_dtype_policy(name)
+
+
 def make_data(passes: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """One epoch: STEPS_PER_EPOCH steps of the global batch (x passes)."""
     rng = np.random.RandomState(7)
@@ -82,7 +92,7 @@ class _ReferenceRate(keras.callbacks.Callback):
 
 def reference_fit(kind: str, passes: int = 1) -> list[np.ndarray]:
     """One process fitting the concatenated data with the global batch."""
-    keras.config.set_floatx("float64")
+    use_floatx("float64")
     x, y = make_data(passes)
     model = make_model()
     model.compile(optimizer=make_optimizer(kind), loss=loss(), jit_compile=False)
@@ -96,7 +106,7 @@ def reference_custom_loop(steps: int = EPOCHS * STEPS_PER_EPOCH) -> list[np.ndar
     """One process, plain SGD with momentum, rate set to the schedule each step."""
     import tensorflow as tf
 
-    keras.config.set_floatx("float64")
+    use_floatx("float64")
     x, y = make_data()
     model = make_model()
     optimizer = make_optimizer("sgd")
@@ -111,3 +121,44 @@ def reference_custom_loop(steps: int = EPOCHS * STEPS_PER_EPOCH) -> list[np.ndar
         grads = tape.gradient(value, model.trainable_variables)
         optimizer.apply(grads, model.trainable_variables)
     return model.get_weights()
+
+
+# Mixed precision: the rows of global batch OVERFLOW_STEP that belong to rank 1 are
+# multiplied by OVERFLOW_FACTOR, which overflows float16 in the forward pass.
+OVERFLOW_STEP, OVERFLOW_FACTOR = 2, 1e5
+
+
+def make_overflowing_data() -> tuple[np.ndarray, np.ndarray]:
+    """make_data() with rank 1's share of global batch OVERFLOW_STEP made to overflow."""
+    x, y = make_data()
+    batch = BATCH_PER_WORKER * WORKERS
+    start = OVERFLOW_STEP * batch + BATCH_PER_WORKER  # rank 1's block of that batch
+    x = x.copy()
+    x[start:start + BATCH_PER_WORKER] *= OVERFLOW_FACTOR
+    return x, y
+
+
+class LossScaleRecorder(keras.callbacks.Callback):
+    """The loss scale and the optimizer's step count after every batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.scales, self.iterations = [], []
+
+    def on_train_batch_end(self, batch, logs=None):
+        optimizer = self.model.optimizer
+        self.scales.append(float(keras.ops.convert_to_numpy(optimizer.dynamic_scale)))
+        self.iterations.append(int(keras.ops.convert_to_numpy(optimizer.iterations)))
+
+
+def reference_mixed_precision() -> tuple[list[np.ndarray], LossScaleRecorder]:
+    """One process, mixed_float16 with Keras's own loss scaling, on the concatenated
+    overflowing data with the global batch, one epoch."""
+    use_floatx("mixed_float16")
+    x, y = make_overflowing_data()
+    model = make_model()
+    model.compile(optimizer=keras.optimizers.SGD(ETA["sgd"]), loss=loss(), jit_compile=False)
+    recorder = LossScaleRecorder()
+    model.fit(x, y, batch_size=BATCH_PER_WORKER * WORKERS, epochs=1, shuffle=False, verbose=0,
+              callbacks=[recorder])
+    return model.get_weights(), recorder

@@ -16,6 +16,9 @@ Read through the functions below:
 - ``Optimizer._learning_rate``: the rate or the ``LearningRateSchedule`` as given.
 - ``Optimizer._accumulated_gradients``: the gradient-accumulation buffers, which
   hold each worker's own micro-batch gradients and so differ between replicas.
+- ``keras.src.backend.common.global_state``'s ``dtype_policy``: the global policy
+  as set, read without ``keras.config.dtype_policy()``, which fixes it at the current
+  floatx when unset (and so changes what later layers compute in).
 
 Public but relied on for more than their documentation promises:
 ``Model.train_function`` (replaced by ``CollectiveWatchdog``), and assigning
@@ -39,3 +42,11 @@ def accumulator_ids(optimizer: keras.optimizers.Optimizer) -> set[int]:
     """``id()`` of each gradient-accumulation variable (empty without accumulation)."""
     accumulators: list[Any] = getattr(optimizer, "_accumulated_gradients", None) or []
     return {id(variable) for variable in accumulators}
+
+
+def global_policy_name() -> str | None:
+    """The global dtype policy's name if one was set (or fixed by a layer), else None."""
+    from keras.src.backend.common import global_state
+
+    policy = global_state.get_global_attribute("dtype_policy", None)
+    return None if policy is None else policy.name

@@ -8,11 +8,12 @@ from typing import Any
 
 import keras
 from keras import ops
+from keras.optimizers import LossScaleOptimizer
 
-from hvdtrain.adapters.keras import collectives
+from hvdtrain.adapters.keras import _internals, collectives
 from hvdtrain.validation import require_compression, require_instance, require_positive_int
 
-__all__ = ["DistributedOptimizer", "load_model"]
+__all__ = ["DistributedOptimizer", "load_model", "require_agreeing_loss_scaling"]
 
 
 def DistributedOptimizer(
@@ -44,6 +45,15 @@ def DistributedOptimizer(
             a NaN or Inf (no weight decay, no change to weights or slots) and count it in
             ``optimizer.skipped_steps``; without it such an update stops training.
 
+    Mixed precision: under the ``mixed_float16`` policy (set before this call), or given
+    a ``keras.optimizers.LossScaleOptimizer``, the result is a LossScaleOptimizer that
+    averages the *scaled* gradients first and then decides, on the average, whether
+    they are finite: every rank takes the same decision (apply and maybe grow the
+    scale, or skip and halve it). Keras's own wrapper, which ``compile`` adds under
+    that policy, decides on each rank's own gradients, so one rank's overflow sends
+    the ranks down different branches and their allreduces out of step.
+    ``skip_nonfinite`` does not apply there: skipping is the loss scaling's job.
+
     Returns:
         The distributed optimizer, an instance of a subclass of ``type(optimizer)``.
         Saving with ``model.save`` records the original optimizer class, so the file
@@ -56,6 +66,8 @@ def DistributedOptimizer(
     if optimizer.built:
         raise ValueError("the optimizer has already been used (built); wrap it before "
                          "compile/fit, or continue a saved model with hvk.load_model(path)")
+    if isinstance(optimizer, LossScaleOptimizer) or _mixed_float16():
+        return _distributed_loss_scale(optimizer, compression, op, backward_passes_per_step)
     config = optimizer.get_config()
     configured = config.get("gradient_accumulation_steps") or 1
     if backward_passes_per_step > 1:
@@ -79,9 +91,70 @@ def load_model(path: str, *, compression: str | None = None, op: Any = None,
     op = _checked_op(op, compression)
     model = keras.saving.load_model(path, **load_kwargs)
     optimizer = getattr(model, "optimizer", None)
-    if optimizer is not None:
+    if isinstance(optimizer, LossScaleOptimizer):
+        optimizer.__class__ = _loss_scale_class(type(optimizer), compression, op)
+    elif optimizer is not None:
         optimizer.__class__ = _distributed_class(type(optimizer), compression, op, skip_nonfinite)
     return model
+
+
+def require_agreeing_loss_scaling(optimizer: keras.optimizers.Optimizer | None) -> None:
+    """Raise ValueError if ``compile`` wrapped a distributed optimizer in Keras's own
+    LossScaleOptimizer (the ``mixed_float16`` policy was set after
+    :func:`DistributedOptimizer`): its ranks would decide on overflow each alone."""
+    if (isinstance(optimizer, LossScaleOptimizer)
+            and not getattr(type(optimizer), "_hvdtrain_distributed", False)
+            and getattr(type(optimizer.inner_optimizer), "_hvdtrain_distributed", False)):
+        raise ValueError(
+            "compile wrapped the distributed optimizer in Keras's LossScaleOptimizer, whose "
+            "ranks would each decide alone whether their gradients overflowed (and fall out "
+            "of step): set the mixed_float16 policy before calling hvk.DistributedOptimizer, "
+            "or give it keras.optimizers.LossScaleOptimizer(your_optimizer)")
+
+
+def _mixed_float16() -> bool:
+    """Whether ``compile`` would wrap the optimizer in a LossScaleOptimizer."""
+    return _internals.global_policy_name() == "mixed_float16"
+
+
+def _distributed_loss_scale(optimizer: keras.optimizers.Optimizer, compression: str | None,
+                            op: Any, backward_passes_per_step: int) -> LossScaleOptimizer:
+    """``optimizer`` (or a plain one inside a LossScaleOptimizer) with the loss scaling's
+    decision taken on the worker-averaged gradients."""
+    if backward_passes_per_step > 1:
+        raise ValueError("backward_passes_per_step > 1 is not supported with loss scaling "
+                         "(mixed_float16); accumulate in float32, or use mixed_bfloat16")
+    if not isinstance(optimizer, LossScaleOptimizer):
+        optimizer = LossScaleOptimizer(optimizer)
+    if isinstance(optimizer.inner_optimizer, LossScaleOptimizer) or getattr(
+            type(optimizer.inner_optimizer), "_hvdtrain_distributed", False):
+        raise ValueError("the LossScaleOptimizer wraps an optimizer that is already "
+                         "distributed or scaled; give hvk.DistributedOptimizer the plain one")
+    return _loss_scale_class(type(optimizer), compression, op).from_config(optimizer.get_config())
+
+
+@functools.cache
+def _loss_scale_class(base: type, compression: str | None, op: Any) -> type:
+    """A LossScaleOptimizer subclass that averages the scaled gradients before its
+    finite check (Keras calls ``apply`` once per update, before anything else)."""
+
+    class DistributedLossScale(base):
+        _hvdtrain_distributed = True
+
+        def apply(self, grads, trainable_variables=None):
+            averaged = collectives.average_gradients(list(grads), compression, op)
+            return super().apply(averaged, trainable_variables)
+
+    _name_like(DistributedLossScale, base)
+    return DistributedLossScale
+
+
+def _name_like(cls: type, base: type) -> None:
+    """Name ``cls`` as ``base``: saved models name the wrapped class and load without
+    hvdtrain."""
+    cls.__name__ = cls.__qualname__ = base.__name__
+    cls.__module__ = base.__module__
+    cls.__doc__ = f"{base.__name__} with gradients averaged over Horovod workers."
 
 
 def _checked_op(op: Any, compression: str | None) -> Any:
@@ -136,8 +209,6 @@ def _distributed_class(base: type, compression: str | None, op: Any,
                 self.skipped_steps = self.add_variable((), dtype="int64", name="skipped_steps",
                                                        initializer="zeros")
 
-    Distributed.__name__ = Distributed.__qualname__ = base.__name__
-    # Saved models name the wrapped optimizer's class: they load without hvdtrain.
-    Distributed.__module__ = base.__module__
-    Distributed.__doc__ = f"{base.__name__} with gradients averaged over Horovod workers."
+    Distributed._hvdtrain_distributed = True
+    _name_like(Distributed, base)
     return Distributed

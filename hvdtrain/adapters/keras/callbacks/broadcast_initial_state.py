@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 
 from hvdtrain.adapters.keras import collectives
+from hvdtrain.adapters.keras.optimizer import require_agreeing_loss_scaling
 from hvdtrain.consistency import software_versions
 
 
@@ -33,6 +34,7 @@ class BroadcastInitialState(keras.callbacks.Callback):
             raise ValueError("compile the model with jit_compile=False: Horovod's collectives "
                              "have no XLA kernels in this build")
         optimizer = self.model.optimizer
+        require_agreeing_loss_scaling(optimizer)
         variables = list(self.model.variables)
         if optimizer is not None:
             if not optimizer.built:
