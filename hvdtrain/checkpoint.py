@@ -1,12 +1,14 @@
 """Crash-safe checkpoint files, framework-free.
 
 Each adapter's checkpoint format lives with the adapter (the torch one in
-:mod:`hvdtrain.adapters.torch.checkpoint`); this module holds what they share.
-:func:`atomic_write` is what every adapter's ``save_checkpoint`` writes through: the
-bytes go to a temporary file in the destination's folder, are flushed and fsynced,
-and only then renamed over the destination (an atomic step on POSIX file systems),
-and the folder is fsynced so that the rename itself survives a power cut. A crash
-at any moment leaves either the previous checkpoint or the new one, never a torn file.
+:mod:`hvdtrain.adapters.torch.checkpoint`, Keras's in
+:mod:`hvdtrain.adapters.keras.checkpoint`); this module holds what they share.
+:func:`atomic_write` (or :func:`atomic_path`, for writers that take a path) is what
+every adapter's checkpoint writes through: the bytes go to a temporary file in the
+destination's folder, are flushed and fsynced, and only then renamed over the
+destination (an atomic step on POSIX file systems), and the folder is fsynced so that
+the rename itself survives a power cut. A crash at any moment leaves either the
+previous checkpoint or the new one, never a torn file.
 
 Example::
 
@@ -22,9 +24,11 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO, TypeVar
+
+_Result = TypeVar("_Result")
 
 
 @contextlib.contextmanager
@@ -35,6 +39,24 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     ``path`` is untouched; after a hard crash a ``.<name>.*.tmp`` file may remain
     beside it, and ``path`` is still the previous, complete version.
     """
+    with atomic_path(path, keep_suffixes=False) as temporary, open(temporary, "wb") as file:
+        yield file
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str], *, keep_suffixes: bool = True) -> Iterator[Path]:
+    """A temporary path beside ``path`` for a writer that takes a path (such as Keras's
+    ``model.save``); the file written there replaces ``path`` when the block ends
+    without error, after an fsync, as :func:`atomic_write` does.
+
+    Args:
+        path: the destination; its folder must exist.
+        keep_suffixes: end the temporary name with ``path``'s suffixes
+            (``.weights.h5``), for writers that check them.
+
+    Returns:
+        The temporary path (an empty file exists there).
+    """
     destination = Path(path)
     folder = destination.parent
     if not folder.is_dir():
@@ -42,18 +64,49 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
             f"cannot write checkpoint {destination}: folder {folder} does not exist; create it "
             "first (for example with os.makedirs(folder, exist_ok=True) on rank 0)"
         )
-    fd, temporary = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=".tmp", dir=folder)
+    suffix = ".tmp" + ("".join(destination.suffixes) if keep_suffixes else "")
+    fd, temporary = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=suffix, dir=folder)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as file:
-            yield file
-            file.flush()
-            os.fsync(file.fileno())
+        yield Path(temporary)
+        with open(temporary, "rb+") as written:
+            os.fsync(written.fileno())
         os.replace(temporary, destination)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
         raise
     _fsync_folder(folder)
+
+
+def on_rank0_for_all(action: Callable[[], _Result], what: str, *, rank: int,
+                     broadcast_object: Callable[[Any], Any]) -> _Result | None:
+    """Run ``action`` on rank 0 only and raise its failure on every rank.
+
+    Args:
+        action: what rank 0 does (write or read a file).
+        what: the action in words, for the error ("write checkpoint run/ckpt.pt").
+        rank: this process's rank.
+        broadcast_object: the framework's broadcast of a Python object from rank 0
+            (called once on every rank, so every rank must call this function).
+
+    Returns:
+        The action's result on rank 0, None elsewhere.
+
+    Raises:
+        RuntimeError: on every rank, naming ``what`` and rank 0's error, so that the
+            other ranks do not run on into a hang.
+    """
+    error, result = None, None
+    if rank == 0:
+        try:
+            result = action()
+        except Exception as failure:
+            error = f"{type(failure).__name__}: {failure}"
+    error = broadcast_object(error)
+    if error:
+        raise RuntimeError(f"rank 0 could not {what}: {error}")
+    return result
 
 
 def require_checkpoint_file(path: str | os.PathLike[str]) -> Path:

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from hvdtrain.checkpoint import atomic_write, require_checkpoint_file
+from hvdtrain.checkpoint import atomic_path, atomic_write, on_rank0_for_all, require_checkpoint_file
 
 
 def test_writes_and_replaces(tmp_path):
@@ -61,3 +61,37 @@ def test_a_checkpoint_to_read_must_exist_and_hold_bytes(tmp_path):
         require_checkpoint_file(tmp_path / "empty.pt")
     (tmp_path / "full.pt").write_bytes(b"x")
     assert require_checkpoint_file(str(tmp_path / "full.pt")) == tmp_path / "full.pt"
+
+
+def test_atomic_path_keeps_the_suffixes_and_replaces_only_on_success(tmp_path):
+    target = tmp_path / "model.weights.h5"
+    target.write_bytes(b"previous")
+    with pytest.raises(OSError, match="injected"), atomic_path(target) as temporary:
+        assert temporary.name.startswith(".model.weights.h5.")
+        assert temporary.name.endswith(".tmp.weights.h5")  # writers that check suffixes
+        temporary.write_bytes(b"half")
+        raise OSError("injected")
+    assert target.read_bytes() == b"previous"
+    with atomic_path(target) as temporary:
+        temporary.write_bytes(b"new")
+    assert target.read_bytes() == b"new"
+    assert [p.name for p in tmp_path.iterdir()] == ["model.weights.h5"]
+
+
+def test_on_rank0_for_all_raises_rank_0s_failure_on_every_rank():
+    def broken() -> None:
+        raise OSError("disk full")
+
+    sent = []
+
+    def as_rank_0(value):
+        sent.append(value)
+        return value
+
+    with pytest.raises(RuntimeError, match="rank 0 could not write x: OSError: disk full"):
+        on_rank0_for_all(broken, "write x", rank=0, broadcast_object=as_rank_0)
+    with pytest.raises(RuntimeError, match="rank 0 could not write x: OSError: disk full"):
+        on_rank0_for_all(lambda: pytest.fail("only rank 0 acts"), "write x", rank=1,
+                         broadcast_object=lambda value: sent[0])
+    assert on_rank0_for_all(lambda: 7, "read x", rank=0, broadcast_object=lambda v: v) == 7
+    assert on_rank0_for_all(lambda: 7, "read x", rank=1, broadcast_object=lambda v: None) is None

@@ -4,11 +4,14 @@ Every job must end (no hang), within 60 s, with a non-zero status, a message nam
 the failed rank and what went wrong, and no process left behind.
 """
 
+import io
 import random
 import subprocess
 import sys
 import time
+import zipfile
 
+import numpy as np
 import pytest
 from harness import WORKERS, launch, reports, single_process
 
@@ -142,6 +145,38 @@ def test_sigkill_while_writing_checkpoints_never_loses_the_previous_one(tmp_path
         step = payload["extra"]["step"]
         assert step in (last_confirmed, last_confirmed + 1)
         assert all(bool((t == step).all()) for t in payload["model"].values())
+
+
+def keras_file_weights(path) -> list:
+    """Every array in a ``.keras`` file, read without Keras (a zip with model.weights.h5)."""
+    import h5py
+
+    values = []
+    with zipfile.ZipFile(path) as archive, \
+            h5py.File(io.BytesIO(archive.read("model.weights.h5"))) as weights:
+        weights.visititems(lambda name, item: values.append(item[()])
+                           if isinstance(item, h5py.Dataset) else None)
+    return values
+
+
+def test_sigkill_while_writing_keras_checkpoints_never_loses_the_previous_one(tmp_path):
+    """The same for hvdtrain.adapters.keras.save_model (``.keras`` files of 8 MB); the
+    file is read without Keras."""
+    rng = random.Random(2027)
+    for _ in range(6):
+        writer = subprocess.Popen(
+            [sys.executable, str(WORKERS / "keras_checkpoint_single.py"), str(tmp_path)],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        assert writer.stdout.readline().startswith("saved ")
+        time.sleep(rng.uniform(0.0, 0.4))
+        writer.kill()
+        printed, _ = writer.communicate()
+        last_confirmed = int(([line for line in printed.splitlines() if line] or ["saved 1"])[-1]
+                             .split()[1])
+        values = keras_file_weights(tmp_path / "ckpt.keras")
+        steps = {float(v) for array in values for v in np.unique(array)}
+        assert len(values) == 4 and len(steps) == 1, steps
+        assert steps.pop() in (last_confirmed, last_confirmed + 1)
 
 
 def test_bad_checkpoint_files_are_named_with_what_is_wrong(tmp_path):

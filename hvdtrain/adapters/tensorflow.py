@@ -7,7 +7,9 @@ For ``model.fit`` use :mod:`hvdtrain.adapters.keras`; for a loop of your own
 - :func:`broadcast_variables`: every rank takes ``root_rank``'s values.
 - :class:`LinearScalingWarmup`: :mod:`hvdtrain.schedule` as a
   ``keras.optimizers.schedules.LearningRateSchedule`` for any Keras optimizer.
-- :func:`verify_replicas`, and Horovod's basics re-exported from ``horovod.tensorflow``.
+- :func:`verify_replicas`, :func:`save_model` / :func:`load_model` (the Keras
+  adapter's atomic rank-0 checkpoints; a custom loop's optimizer state is saved when
+  the model was compiled with it), and Horovod's basics from ``horovod.tensorflow``.
 
 Example (``horovodrun -np 2 python train.py``)::
 
@@ -63,9 +65,11 @@ from hvdtrain.adapters.keras import (
     collectives,
     init,
     is_initialized,
+    load_model,
     local_rank,
     local_size,
     rank,
+    save_model,
     shutdown,
     size,
 )
@@ -81,8 +85,8 @@ from hvdtrain.validation import require_compression, require_instance, require_s
 __all__ = [
     "Adasum", "Average", "Compression", "DistributedGradientTape", "LinearScalingWarmup",
     "ReplicaMismatchError", "Sum", "allgather", "allgather_object", "allreduce", "broadcast",
-    "broadcast_object", "broadcast_variables", "init", "is_initialized", "join", "local_rank",
-    "local_size", "rank", "shutdown", "size", "verify_replicas",
+    "broadcast_object", "broadcast_variables", "init", "is_initialized", "join", "load_model",
+    "local_rank", "local_size", "rank", "save_model", "shutdown", "size", "verify_replicas",
 ]
 
 

@@ -68,6 +68,20 @@ def test_saved_model_loads_plain_and_distributed(keras_run):
     assert rank0["after"] == rank1["after"]
 
 
+def test_checkpoints_are_written_by_rank_0_and_loaded_from_its_file_alone(keras_run):
+    """hvk.ModelCheckpoint and save_model on both ranks write each file once (no
+    temporary left); load_model gives both ranks rank 0's model though rank 1 named a
+    file that does not exist; failures on rank 0 stop both ranks with its error."""
+    for report in keras_run.both("checkpoints"):
+        assert report["files"] == ["best.weights.h5", "epoch1.keras", "epoch2.keras",
+                                   "epoch3.keras", "final.keras"]
+        assert report["loaded"] == report["saved"] and report["loaded_distributed"]
+        assert report["iterations"] == 3 * STEPS_PER_EPOCH
+        assert "rank 0 could not read checkpoint" in report["errors"]["missing"]
+        assert "missing.keras does not exist" in report["errors"]["missing"]
+        assert "rank 0 could not write checkpoint" in report["errors"]["unwritable"]
+
+
 def test_resuming_from_a_saved_model_with_initial_epoch_continues_exactly(keras_run):
     straight_lrs = keras_run.both("sgd")[0]["lrs"]
     half = EPOCHS // 2 * STEPS_PER_EPOCH

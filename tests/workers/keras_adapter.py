@@ -120,6 +120,41 @@ def scenario_save_and_load() -> None:
            iterations=iterations, after=weights_checksum(loaded))
 
 
+def scenario_checkpoints() -> None:
+    """ModelCheckpoint on every rank, save_model, load_model from rank 0's file only."""
+    use_floatx("float64")
+    x, y = shard(*make_data(), hvk.rank())
+    model = make_model()
+    model.compile(optimizer=hvk.DistributedOptimizer(make_optimizer("sgd")), loss=loss(),
+                  jit_compile=False)
+    folder = OUT / "checkpoints"  # not there yet: rank 0 creates it
+    model.fit(x, y, batch_size=BATCH_PER_WORKER, epochs=3, shuffle=False, verbose=0,
+              callbacks=[hvk.BroadcastInitialState(), hvk.MetricAverage(),
+                         hvk.ModelCheckpoint(str(folder / "epoch{epoch}.keras")),
+                         hvk.ModelCheckpoint(str(folder / "best.weights.h5"), monitor="loss",
+                                             save_best_only=True, save_weights_only=True)])
+    hvk.save_model(model, folder / "final.keras")
+    hvk.verify_replicas(model)  # a barrier too
+    files = sorted(p.name for p in folder.iterdir())
+    # Only rank 0 reads: rank 1 names a file that does not exist.
+    path = folder / "final.keras" if hvk.rank() == 0 else OUT / "nowhere" / "final.keras"
+    loaded = hvk.load_model(path)
+    loaded_distributed = type(loaded.optimizer) is not keras.optimizers.SGD
+    errors = {}
+    for what, action in (
+            ("missing", lambda: hvk.load_model(folder / "missing.keras")),
+            ("unwritable", lambda: hvk.save_model(model, folder / "final.keras" / "x.keras"))):
+        try:
+            action()
+            errors[what] = None
+        except RuntimeError as error:
+            errors[what] = str(error)
+    report("checkpoints", files=files, saved=weights_checksum(model),
+           loaded=weights_checksum(loaded), loaded_distributed=loaded_distributed,
+           iterations=int(keras.ops.convert_to_numpy(loaded.optimizer.iterations)),
+           errors=errors)
+
+
 def scenario_resume() -> None:
     """Fit 2 epochs, save, load in a new model object and fit on from initial_epoch=2."""
     use_floatx("float64")
@@ -275,6 +310,7 @@ def main() -> None:
             "save_load": scenario_save_and_load,
             "resume": scenario_resume,
             "mixed_precision": scenario_mixed_precision,
+            "checkpoints": scenario_checkpoints,
             "replica_check": scenario_replica_check_and_metrics,
             "failures": scenario_failures,
             "custom_loop": scenario_custom_loop,

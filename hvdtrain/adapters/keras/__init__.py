@@ -7,9 +7,13 @@ Keras 2 APIs. This adapter works with Keras 3 on the TensorFlow backend (through
 module per concern:
 
 - :mod:`.optimizer`: :func:`DistributedOptimizer` (any Keras 3 optimizer, gradients
-  averaged across workers with one grouped allreduce per step) and :func:`load_model`.
+  averaged across workers with one grouped allreduce per step; mixed_float16 loss
+  scaling decided on the averaged gradients).
+- :mod:`.checkpoint`: :func:`save_model` and :func:`load_model` (rank 0 writes
+  atomically; rank 0 reads and every rank gets the model).
 - :mod:`.callbacks`: :class:`BroadcastInitialState`, :class:`LinearScalingWarmup`,
-  :class:`MetricAverage`, :class:`ReplicaCheck`, :class:`CollectiveWatchdog`.
+  :class:`MetricAverage`, :class:`ReplicaCheck`, :class:`CollectiveWatchdog`,
+  :class:`ModelCheckpoint`.
 - :mod:`.state`: :func:`verify_replicas`.
 - :mod:`.elastic`: elastic training with ``fit`` (workers leave and join).
 - :mod:`.collectives`: the collectives on Keras tensors that all of these use (shared
@@ -32,7 +36,8 @@ Example (``horovodrun -np 2 python train.py``)::
                          hvk.ReplicaCheck(), hvk.CollectiveWatchdog()])
 
 Rank-0 patterns: give ``verbose=1`` (the progress bar) and callbacks that write
-files, such as ``ModelCheckpoint`` and ``TensorBoard``, to rank 0 only; put
+files, such as ``TensorBoard``, to rank 0 only (hvdtrain's :class:`ModelCheckpoint`
+goes to every rank: rank 0 writes); put
 :class:`MetricAverage` before any callback that reads the metrics (EarlyStopping,
 ReduceLROnPlateau, ModelCheckpoint), so that every rank acts on the same values.
 """
@@ -45,9 +50,11 @@ from hvdtrain.adapters.keras.callbacks import (
     CollectiveWatchdog,
     LinearScalingWarmup,
     MetricAverage,
+    ModelCheckpoint,
     ReplicaCheck,
 )
-from hvdtrain.adapters.keras.optimizer import DistributedOptimizer, load_model
+from hvdtrain.adapters.keras.checkpoint import load_model, save_model
+from hvdtrain.adapters.keras.optimizer import DistributedOptimizer
 from hvdtrain.adapters.keras.state import verify_replicas
 from hvdtrain.consistency import RankDisagreementError
 from hvdtrain.replicas import ReplicaMismatchError
@@ -55,9 +62,10 @@ from hvdtrain.runtime import init_horovod
 
 __all__ = [
     "Average", "BroadcastInitialState", "CollectiveWatchdog", "DistributedOptimizer",
-    "LinearScalingWarmup", "MetricAverage", "RankDisagreementError", "ReplicaCheck",
-    "ReplicaMismatchError", "Sum", "elastic", "init", "is_initialized", "load_model", "local_rank",
-    "local_size", "rank", "shutdown", "size", "verify_replicas",
+    "LinearScalingWarmup", "MetricAverage", "ModelCheckpoint", "RankDisagreementError",
+    "ReplicaCheck", "ReplicaMismatchError", "Sum", "elastic", "init", "is_initialized",
+    "load_model", "local_rank", "local_size", "rank", "save_model", "shutdown", "size",
+    "verify_replicas",
 ]
 
 # Horovod's basics, from the Horovod module that matches Keras's backend.

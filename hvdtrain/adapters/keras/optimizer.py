@@ -1,5 +1,6 @@
-"""``DistributedOptimizer`` and ``load_model``: any Keras 3 optimizer, its gradients
-averaged across workers with one grouped allreduce per update."""
+"""``DistributedOptimizer``: any Keras 3 optimizer, its gradients averaged across
+workers with one grouped allreduce per update (and ``make_distributed`` for the
+optimizer of a loaded model)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from keras.optimizers import LossScaleOptimizer
 from hvdtrain.adapters.keras import _internals, collectives
 from hvdtrain.validation import require_compression, require_instance, require_positive_int
 
-__all__ = ["DistributedOptimizer", "load_model", "require_agreeing_loss_scaling"]
+__all__ = ["DistributedOptimizer", "make_distributed", "require_agreeing_loss_scaling"]
 
 
 def DistributedOptimizer(
@@ -34,7 +35,7 @@ def DistributedOptimizer(
 
     Args:
         optimizer: any Keras 3 optimizer, not yet used (wrap before ``fit``; to
-            continue a saved model use :func:`load_model`).
+            continue a saved model use :func:`hvdtrain.adapters.keras.load_model`).
         compression: None, "fp16", or "bf16" (bfloat16 through one allgather, since
             Horovod has no bfloat16 reduction; fewer bytes than float32 up to 3 workers).
         backward_passes_per_step: micro-batches per update, accumulated by Keras's own
@@ -80,22 +81,15 @@ def DistributedOptimizer(
         config)
 
 
-def load_model(path: str, *, compression: str | None = None, op: Any = None,
-               skip_nonfinite: bool = False, **load_kwargs: Any) -> keras.Model:
-    """Load a model saved with ``model.save`` and make its optimizer distributed.
-
-    The optimizer keeps its loaded state (slots, iterations, learning rate);
-    ``load_kwargs`` go to ``keras.saving.load_model`` (safe mode stays on unless you
-    turn it off). The other arguments are :func:`DistributedOptimizer`'s.
-    """
+def make_distributed(optimizer: keras.optimizers.Optimizer, *, compression: str | None = None,
+                     op: Any = None, skip_nonfinite: bool = False) -> None:
+    """Make an optimizer that already holds state (a loaded model's) distributed, in
+    place; the arguments are :func:`DistributedOptimizer`'s."""
     op = _checked_op(op, compression)
-    model = keras.saving.load_model(path, **load_kwargs)
-    optimizer = getattr(model, "optimizer", None)
     if isinstance(optimizer, LossScaleOptimizer):
         optimizer.__class__ = _loss_scale_class(type(optimizer), compression, op)
-    elif optimizer is not None:
+    else:
         optimizer.__class__ = _distributed_class(type(optimizer), compression, op, skip_nonfinite)
-    return model
 
 
 def require_agreeing_loss_scaling(optimizer: keras.optimizers.Optimizer | None) -> None:

@@ -21,7 +21,7 @@ import torch
 from hvdtrain.adapters.torch._horovod import require_initialized
 from hvdtrain.adapters.torch.scheduler import LinearScalingWarmup
 from hvdtrain.adapters.torch.state import broadcast_state
-from hvdtrain.checkpoint import atomic_write, require_checkpoint_file
+from hvdtrain.checkpoint import atomic_write, on_rank0_for_all, require_checkpoint_file
 from hvdtrain.trees import leaves
 
 __all__ = ["CHECKPOINT_FORMAT", "load_checkpoint", "save_checkpoint"]
@@ -105,18 +105,10 @@ def load_checkpoint(
 
 
 def _on_rank0_for_all(action: Callable[[], _Result], what: str, name: str) -> _Result | None:
-    """Run ``action`` on rank 0 and raise its failure on every rank; returns its result
-    on rank 0 and None elsewhere."""
-    error, result = None, None
-    if _hvd.rank() == 0:
-        try:
-            result = action()
-        except Exception as failure:
-            error = f"{type(failure).__name__}: {failure}"
-    error = _hvd.broadcast_object(error, root_rank=0, name=name)
-    if error:
-        raise RuntimeError(f"rank 0 could not {what}: {error}")
-    return result
+    """:func:`hvdtrain.checkpoint.on_rank0_for_all` through Horovod's object broadcast."""
+    return on_rank0_for_all(
+        action, what, rank=_hvd.rank(),
+        broadcast_object=lambda value: _hvd.broadcast_object(value, root_rank=0, name=name))
 
 
 def _require_saveable(payload: dict[str, Any]) -> None:
