@@ -13,7 +13,9 @@ from workers.keras_common import (
     EPOCHS,
     OVERFLOW_STEP,
     STEPS_PER_EPOCH,
+    horovod_rate,
     make_model,
+    reference_embedding_fit,
     reference_fit,
     reference_mixed_precision,
     use_floatx,
@@ -162,3 +164,33 @@ def test_loss_scaling_is_distributed_when_asked_for_and_a_late_policy_is_refused
         require_agreeing_loss_scaling(late)
     with pytest.raises(ValueError, match="already distributed"):
         hvk.DistributedOptimizer(late)
+
+
+def test_horovods_names_keep_horovods_meaning(keras_run):
+    """The Horovod-named callbacks and DistributedOptimizer arguments (the intents of
+    Horovod's test_tensorflow2_keras.py, whose own code needs Keras 2; README, "Coming
+    from Horovod")."""
+    rank0, rank1 = keras_run.both("horovod_api")
+    expected = [horovod_rate(epoch, batch) for epoch in range(EPOCHS)
+                for batch in range(STEPS_PER_EPOCH)]
+    for run in (rank0, rank1):
+        assert run["lrs"] == pytest.approx(expected, rel=1e-12)
+        # BroadcastGlobalVariablesCallback(root_rank=1, local_variables=first layer):
+        # the first layer's kernel and bias keep each rank's value, the rest is rank 1's.
+        assert run["broadcast"][2:] == [[1.0]] * (len(run["broadcast"]) - 2)
+        arguments = run["arguments"]
+        # average_aggregated_gradients=False sums the micro-batches (Horovod's default):
+        # the same step as the mean at twice the rate.
+        assert arguments["sum_at_half_rate_vs_mean"] <= 1e-12
+        assert arguments["predivided_vs_plain"] <= 1e-12
+        assert arguments["fp16_object_vs_name"] == 0.0
+    assert rank0["broadcast"][:2] == [[0.0], [0.0]] and rank1["broadcast"][:2] == [[1.0], [1.0]]
+    assert rank0["averaged_logs"] == rank1["averaged_logs"]
+
+
+@pytest.mark.parametrize("sparse_as_dense", [False, True])
+def test_embedding_gradients_average_like_one_process(keras_run, sparse_as_dense):
+    reference = reference_embedding_fit()
+    for rank in (0, 1):
+        trained = keras_run.arrays(f"embedding_sparse_as_dense_{sparse_as_dense}", rank)
+        assert max_difference(trained, reference) <= FLOAT64_TOLERANCE

@@ -17,11 +17,14 @@ from keras_common import (
     BATCH_PER_WORKER,
     EPOCHS,
     ETA,
+    HOROVOD_LR,
     STEPS_PER_EPOCH,
     WARMUP_EPOCHS,
     LossScaleRecorder,
     loss,
     make_data,
+    make_embedding_data,
+    make_embedding_model,
     make_model,
     make_optimizer,
     make_overflowing_data,
@@ -196,6 +199,80 @@ def scenario_mixed_precision() -> None:
     save("mixed_precision", model)
 
 
+def scenario_horovod_api() -> None:
+    """Horovod's names with Horovod's meaning: its learning-rate and broadcast callbacks,
+    DistributedOptimizer's arguments, sparse gradients."""
+    use_floatx("float64")
+    x, y = shard(*make_data(), hvk.rank())
+    model = make_model(seed=123 if hvk.rank() == 0 else 999)
+    model.compile(optimizer=hvk.DistributedOptimizer(keras.optimizers.SGD(HOROVOD_LR,
+                                                                          momentum=0.9)),
+                  loss=loss(), jit_compile=False)
+    recorder = Recorder()
+    model.fit(x, y, batch_size=BATCH_PER_WORKER, epochs=EPOCHS, shuffle=False, verbose=0,
+              callbacks=[hvk.callbacks.BroadcastGlobalVariablesCallback(0),
+                         hvk.callbacks.MetricAverageCallback(),
+                         hvk.callbacks.LearningRateWarmupCallback(initial_lr=HOROVOD_LR,
+                                                                  warmup_epochs=2),
+                         hvk.callbacks.LearningRateScheduleCallback(
+                             initial_lr=HOROVOD_LR, multiplier=0.5, start_epoch=2,
+                             end_epoch=EPOCHS), recorder])
+    # Worker-local variables keep their own values; the rest takes root rank 1's.
+    local = make_model()
+    for variable in local.variables:
+        variable.assign(np.full(variable.shape, float(hvk.rank())))
+    local.compile(optimizer=keras.optimizers.SGD(0.0), loss=loss(), jit_compile=False)
+    keep = list(local.layers[0].variables)
+    local.fit(x[:BATCH_PER_WORKER], y[:BATCH_PER_WORKER], epochs=1, verbose=0,
+              callbacks=[hvk.callbacks.BroadcastGlobalVariablesCallback(
+                  root_rank=1, local_variables=keep)])
+    values = [sorted({float(v) for v in np.ravel(keras.ops.convert_to_numpy(w))})
+              for w in local.variables]
+    save_embedding_fits()
+    report("horovod_api", lrs=recorder.lrs, averaged_logs=recorder.logs, broadcast=values,
+           arguments=_horovod_optimizer_arguments())
+
+
+def largest_difference(first: list, second: list) -> float:
+    return float(max(np.max(np.abs(a - b)) for a, b in zip(first, second, strict=True)))
+
+
+def _fit_once(optimizer: keras.optimizers.Optimizer, passes: int = 1) -> list:
+    """Weights after one epoch of plain fit from make_model's weights."""
+    x, y = shard(*make_data(passes), hvk.rank())
+    model = make_model()
+    model.compile(optimizer=optimizer, loss=loss(), jit_compile=False)
+    model.fit(x, y, batch_size=BATCH_PER_WORKER, epochs=1, shuffle=False, verbose=0)
+    return model.get_weights()
+
+
+def _horovod_optimizer_arguments() -> dict:
+    """Largest differences between runs that Horovod's meaning says are equal."""
+    sgd = keras.optimizers.SGD
+    summed = _fit_once(hvk.DistributedOptimizer(sgd(0.05), backward_passes_per_step=2,
+                                                average_aggregated_gradients=False), 2)
+    averaged = _fit_once(hvk.DistributedOptimizer(sgd(0.1), backward_passes_per_step=2), 2)
+    predivided = _fit_once(hvk.DistributedOptimizer(sgd(0.1), gradient_predivide_factor=4.0))
+    plain = _fit_once(hvk.DistributedOptimizer(sgd(0.1)))
+    fp16_object = _fit_once(hvk.DistributedOptimizer(sgd(0.1), compression=hvk.Compression.fp16))
+    fp16_name = _fit_once(hvk.DistributedOptimizer(sgd(0.1), compression="fp16"))
+    return {"sum_at_half_rate_vs_mean": largest_difference(summed, averaged),
+            "predivided_vs_plain": largest_difference(predivided, plain),
+            "fp16_object_vs_name": largest_difference(fp16_object, fp16_name)}
+
+
+def save_embedding_fits() -> None:
+    """Embedding gradients (tf.IndexedSlices) with and without sparse_as_dense; saved."""
+    x, y = shard(*make_embedding_data(), hvk.rank())
+    for sparse_as_dense in (False, True):
+        model = make_embedding_model()
+        model.compile(optimizer=hvk.DistributedOptimizer(keras.optimizers.SGD(ETA["sgd"]),
+                                                         sparse_as_dense=sparse_as_dense),
+                      loss="mse", jit_compile=False)
+        model.fit(x, y, batch_size=BATCH_PER_WORKER, epochs=1, shuffle=False, verbose=0)
+        save(f"embedding_sparse_as_dense_{sparse_as_dense}", model)
+
+
 def scenario_replica_check_and_metrics() -> None:
     use_floatx("float64")
     model = make_model()
@@ -311,6 +388,7 @@ def main() -> None:
             "resume": scenario_resume,
             "mixed_precision": scenario_mixed_precision,
             "checkpoints": scenario_checkpoints,
+            "horovod_api": scenario_horovod_api,
             "replica_check": scenario_replica_check_and_metrics,
             "failures": scenario_failures,
             "custom_loop": scenario_custom_loop,

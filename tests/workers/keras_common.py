@@ -38,9 +38,9 @@ def make_data(passes: int = 1) -> tuple[np.ndarray, np.ndarray]:
 
 def shard(x: np.ndarray, y: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray]:
     """Rank ``rank``'s rows: its block of every (micro-)batch, in order."""
-    blocks = x.reshape(-1, WORKERS, BATCH_PER_WORKER, FEATURES)[:, rank]
-    labels = y.reshape(-1, WORKERS, BATCH_PER_WORKER)[:, rank]
-    return blocks.reshape(-1, FEATURES), labels.reshape(-1)
+    blocks = x.reshape(-1, WORKERS, BATCH_PER_WORKER, *x.shape[1:])[:, rank]
+    labels = y.reshape(-1, WORKERS, BATCH_PER_WORKER, *y.shape[1:])[:, rank]
+    return blocks.reshape(-1, *x.shape[1:]), labels.reshape(-1, *y.shape[1:])
 
 
 def make_model(seed: int = 123) -> keras.Model:
@@ -162,3 +162,46 @@ def reference_mixed_precision() -> tuple[list[np.ndarray], LossScaleRecorder]:
     model.fit(x, y, batch_size=BATCH_PER_WORKER * WORKERS, epochs=1, shuffle=False, verbose=0,
               callbacks=[recorder])
     return model.get_weights(), recorder
+
+
+# Horovod's learning-rate callbacks: LearningRateWarmupCallback(initial_lr=HOROVOD_LR,
+# warmup_epochs=2), then LearningRateScheduleCallback(multiplier=0.5, epochs 2-4).
+HOROVOD_LR = 0.1
+
+
+def horovod_rate(epoch: int, batch: int) -> float:
+    """Horovod's documented rate for a batch, written out from its formulas."""
+    if epoch < 2:
+        fraction = epoch + (batch + 1) / STEPS_PER_EPOCH  # its ramp is one batch ahead
+        return HOROVOD_LR * (fraction * (WORKERS - 1) / 2 + 1) / WORKERS
+    return HOROVOD_LR * 0.5 ** (epoch - 2)
+
+
+VOCABULARY, EMBEDDING = 20, 3
+
+
+def make_embedding_data() -> tuple[np.ndarray, np.ndarray]:
+    """One epoch of token pairs (a few tokens repeat within and across workers' batches)."""
+    rng = np.random.RandomState(11)
+    rows = STEPS_PER_EPOCH * BATCH_PER_WORKER * WORKERS
+    return rng.randint(0, VOCABULARY, (rows, 2)), rng.randn(rows, 1)
+
+
+def make_embedding_model() -> keras.Model:
+    """Embedding (sparse gradients on TensorFlow) -> Flatten -> Dense, fixed weights."""
+    model = keras.Sequential([keras.Input((2,), dtype="int32"),
+                              keras.layers.Embedding(VOCABULARY, EMBEDDING),
+                              keras.layers.Flatten(), keras.layers.Dense(1)])
+    rng = np.random.RandomState(5)
+    model.set_weights([rng.uniform(-0.5, 0.5, w.shape) for w in model.get_weights()])
+    return model
+
+
+def reference_embedding_fit() -> list[np.ndarray]:
+    """One process, plain SGD, the concatenated batches, one epoch."""
+    use_floatx("float64")
+    x, y = make_embedding_data()
+    model = make_embedding_model()
+    model.compile(optimizer=keras.optimizers.SGD(ETA["sgd"]), loss="mse", jit_compile=False)
+    model.fit(x, y, batch_size=BATCH_PER_WORKER * WORKERS, epochs=1, shuffle=False, verbose=0)
+    return model.get_weights()

@@ -35,6 +35,12 @@ Example (``horovodrun -np 2 python train.py``)::
                          hvk.LinearScalingWarmup(batch_size_per_worker=32, base_batch_size=32),
                          hvk.ReplicaCheck(), hvk.CollectiveWatchdog()])
 
+Coming from Horovod: ``import hvdtrain.adapters.keras as hvd`` in place of
+``horovod.tensorflow.keras`` (or ``horovod.keras``) gives Horovod's names too:
+``hvd.callbacks.BroadcastGlobalVariablesCallback`` and the other callbacks, the
+``DistributedOptimizer`` arguments, ``hvd.elastic``'s state and callbacks, the
+collectives. The README's "Coming from Horovod" lists what differs.
+
 Rank-0 patterns: give ``verbose=1`` (the progress bar) and callbacks that write
 files, such as ``TensorBoard``, to rank 0 only (hvdtrain's :class:`ModelCheckpoint`
 goes to every rank: rank 0 writes); put
@@ -44,7 +50,7 @@ ReduceLROnPlateau, ModelCheckpoint), so that every rank acts on the same values.
 
 from __future__ import annotations
 
-from hvdtrain.adapters.keras import collectives, elastic
+from hvdtrain.adapters.keras import callbacks, collectives, elastic
 from hvdtrain.adapters.keras.callbacks import (
     BroadcastInitialState,
     CollectiveWatchdog,
@@ -61,11 +67,16 @@ from hvdtrain.replicas import ReplicaMismatchError
 from hvdtrain.runtime import init_horovod
 
 __all__ = [
-    "Average", "BroadcastInitialState", "CollectiveWatchdog", "DistributedOptimizer",
-    "LinearScalingWarmup", "MetricAverage", "ModelCheckpoint", "RankDisagreementError",
-    "ReplicaCheck", "ReplicaMismatchError", "Sum", "elastic", "init", "is_initialized",
-    "load_model", "local_rank", "local_size", "rank", "save_model", "shutdown", "size",
-    "verify_replicas",
+    "Adasum", "Average", "BroadcastInitialState", "CollectiveWatchdog", "Compression",
+    "DistributedOptimizer", "LinearScalingWarmup", "MetricAverage", "ModelCheckpoint",
+    "ProcessSet", "RankDisagreementError", "ReplicaCheck", "ReplicaMismatchError", "Sum",
+    "add_process_set", "allgather", "allgather_object", "allreduce", "alltoall", "broadcast",
+    "broadcast_object", "callbacks", "ccl_built", "cross_rank", "cross_size", "cuda_built",
+    "ddl_built", "elastic", "global_process_set", "gloo_built", "gloo_enabled",
+    "grouped_allreduce", "init", "is_initialized", "join", "load_model", "local_rank",
+    "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank",
+    "reducescatter", "remove_process_set", "rocm_built", "save_model", "shutdown", "size",
+    "start_timeline", "stop_timeline", "verify_replicas",
 ]
 
 # Horovod's basics, from the Horovod module that matches Keras's backend.
@@ -78,6 +89,31 @@ local_rank = _hvd.local_rank
 local_size = _hvd.local_size
 Average = _hvd.Average
 Sum = _hvd.Sum
+# The rest of Horovod's public API (of horovod.tensorflow.keras), unchanged: collectives
+# on the backend's tensors, process sets, build and runtime facts, the timeline.
+Adasum = _hvd.Adasum
+Compression = _hvd.Compression
+ProcessSet = _hvd.ProcessSet
+add_process_set = _hvd.add_process_set
+remove_process_set = _hvd.remove_process_set
+global_process_set = _hvd.global_process_set
+allgather = _hvd.allgather
+allgather_object = _hvd.allgather_object
+allreduce = _hvd.allreduce
+alltoall = _hvd.alltoall
+broadcast = _hvd.broadcast
+broadcast_object = _hvd.broadcast_object
+grouped_allreduce = _hvd.grouped_allreduce
+reducescatter = _hvd.reducescatter
+join = _hvd.join
+cross_rank = _hvd.cross_rank
+cross_size = _hvd.cross_size
+mpi_threads_supported = _hvd.mpi_threads_supported
+mpi_built, mpi_enabled = _hvd.mpi_built, _hvd.mpi_enabled
+gloo_built, gloo_enabled = _hvd.gloo_built, _hvd.gloo_enabled
+nccl_built, cuda_built, rocm_built = _hvd.nccl_built, _hvd.cuda_built, _hvd.rocm_built
+ccl_built, ddl_built = _hvd.ccl_built, _hvd.ddl_built
+start_timeline, stop_timeline = _hvd.start_timeline, _hvd.stop_timeline
 
 
 def init(comm=None, process_sets=None) -> None:

@@ -71,24 +71,35 @@ def check_op(op: Any) -> None:
         raise ValueError("op must be Average or Sum (Adasum is not supported for Keras)")
 
 
-def average_gradients(grads: Sequence[Any], compression: str | None, op: Any) -> list[Any]:
+def average_gradients(grads: Sequence[Any], compression: str | None, op: Any, *,
+                      prescale: float = 1.0, postscale: float = 1.0,
+                      process_set: Any = None) -> list[Any]:
     """Reduce every non-None gradient across workers in one collective.
 
     None and "fp16" use one Horovod grouped allreduce. "bf16" concatenates the
     gradients into one buffer, sends it as bfloat16 through one allgather (Horovod
     0.28.1 has no bfloat16 reduction) and adds the ranks' values in rank order.
+    ``prescale`` multiplies each rank's gradients before the reduction and
+    ``postscale`` the result (Horovod's factors); ``process_set`` limits the reduction
+    to its ranks (None: every rank).
     """
     present = [i for i, g in enumerate(grads) if g is not None]
     if not present:
         return list(grads)
     tensors = [_dense(grads[i]) for i in present]
+    within = {} if process_set is None else {"process_set": process_set}
     if compression == "bf16":
-        reduced = _bf16_reduce(tensors, op)
+        if prescale != 1.0:
+            tensors = [t * prescale for t in tensors]
+        reduced = _bf16_reduce(tensors, op, within)
+        if postscale != 1.0:
+            reduced = [t * postscale for t in reduced]
     else:
         hvd = horovod()
         codec = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
         reduced = hvd.grouped_allreduce(tensors, op=op, compression=codec,
-                                        name="hvdtrain.gradients", **_UNSCOPED)
+                                        prescale_factor=prescale, postscale_factor=postscale,
+                                        name="hvdtrain.gradients", **within, **_UNSCOPED)
     result = list(grads)
     for i, tensor in zip(present, reduced, strict=True):
         result[i] = tensor
@@ -131,13 +142,13 @@ def _dense(gradient: Any) -> Any:
     return ops.convert_to_tensor(gradient)
 
 
-def _bf16_reduce(tensors: list[Any], op: Any) -> list[Any]:
+def _bf16_reduce(tensors: list[Any], op: Any, within: dict[str, Any]) -> list[Any]:
     hvd = horovod()
     dtype = tensors[0].dtype
     flat = ops.concatenate([ops.reshape(ops.cast(t, "float32"), [-1]) for t in tensors])
     bits = _bitcast(ops.cast(flat, "bfloat16"), "int16")
     gathered = hvd.allgather(ops.reshape(bits, [1, -1]), name="hvdtrain.gradients.bf16",
-                             **_UNSCOPED)
+                             **within, **_UNSCOPED)
     values = ops.cast(_bitcast(gathered, "bfloat16"), "float32")
     total = ops.sum(values, axis=0)
     if op == hvd.Average:

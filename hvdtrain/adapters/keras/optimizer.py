@@ -4,6 +4,7 @@ optimizer of a loaded model)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -12,17 +13,32 @@ from keras import ops
 from keras.optimizers import LossScaleOptimizer
 
 from hvdtrain.adapters.keras import _internals, collectives
-from hvdtrain.validation import require_compression, require_instance, require_positive_int
+from hvdtrain.validation import (
+    require_compression,
+    require_instance,
+    require_positive_int,
+    require_positive_number,
+)
 
 __all__ = ["DistributedOptimizer", "make_distributed", "require_agreeing_loss_scaling"]
 
 
 def DistributedOptimizer(
     optimizer: keras.optimizers.Optimizer,
-    *,
-    compression: str | None = None,
-    backward_passes_per_step: int = 1,
+    name: str | None = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Any = None,
+    sparse_as_dense: bool = False,
+    gradient_predivide_factor: float = 1.0,
     op: Any = None,
+    backward_passes_per_step: int = 1,
+    average_aggregated_gradients: bool | None = None,
+    num_groups: int = 0,
+    groups: Any = None,
+    process_set: Any = None,
+    scale_local_gradients: bool = True,
+    *,
     skip_nonfinite: bool = False,
 ) -> keras.optimizers.Optimizer:
     """A copy of ``optimizer`` (same class and configuration) that averages gradients.
@@ -36,12 +52,27 @@ def DistributedOptimizer(
     Args:
         optimizer: any Keras 3 optimizer, not yet used (wrap before ``fit``; to
             continue a saved model use :func:`hvdtrain.adapters.keras.load_model`).
+        name: the optimizer's name (Horovod's argument; default: the original's).
+        device_dense, device_sparse: accepted for Horovod's signature; unused.
         compression: None, "fp16", or "bf16" (bfloat16 through one allgather, since
-            Horovod has no bfloat16 reduction; fewer bytes than float32 up to 3 workers).
+            Horovod has no bfloat16 reduction; fewer bytes than float32 up to 3 workers);
+            Horovod's ``hvk.Compression.none`` / ``.fp16`` mean None / "fp16".
+        sparse_as_dense: accepted; sparse (embedding) gradients are always reduced as
+            dense tensors here, which gives the same average.
+        gradient_predivide_factor: f, with ``op=Average``: each rank's gradients are
+            divided by f before the sum and the sum multiplied by f / size() after
+            (Horovod's meaning: the same average, computed with smaller numbers).
+        op: ``hvk.Average`` (default) or ``hvk.Sum``.
         backward_passes_per_step: micro-batches per update, accumulated by Keras's own
             ``gradient_accumulation_steps``; the applied gradient is the mean over the
             micro-batches and the workers, with one allreduce per update.
-        op: ``hvk.Average`` (default) or ``hvk.Sum``.
+        average_aggregated_gradients: None or True: the mean over micro-batches (as
+            above); False: their sum, Horovod's default (the 1/N left to the user).
+        num_groups, groups: accepted; the gradients of an update always go through one
+            grouped allreduce here.
+        process_set: average over this Horovod process set's ranks only (its ranks
+            must all call it); None: every rank.
+        scale_local_gradients: accepted (there are no worker-local variables here).
         skip_nonfinite: skip, on every rank alike, an update whose averaged gradient has
             a NaN or Inf (no weight decay, no change to weights or slots) and count it in
             ``optimizer.skipped_steps``; without it such an update stops training.
@@ -60,16 +91,20 @@ def DistributedOptimizer(
         Saving with ``model.save`` records the original optimizer class, so the file
         loads with plain ``keras.saving.load_model`` too.
     """
-    op = _checked_op(op, compression)
     require_positive_int("backward_passes_per_step", backward_passes_per_step)
+    summed = average_aggregated_gradients is False
+    reduction = _reduction(compression, op, gradient_predivide_factor, process_set,
+                           backward_passes_per_step if summed else 1)
     require_instance("optimizer", optimizer, keras.optimizers.Optimizer,
                      "a Keras 3 optimizer instance, e.g. keras.optimizers.SGD(0.1)")
     if optimizer.built:
         raise ValueError("the optimizer has already been used (built); wrap it before "
                          "compile/fit, or continue a saved model with hvk.load_model(path)")
     if isinstance(optimizer, LossScaleOptimizer) or _mixed_float16():
-        return _distributed_loss_scale(optimizer, compression, op, backward_passes_per_step)
+        return _distributed_loss_scale(optimizer, reduction, backward_passes_per_step)
     config = optimizer.get_config()
+    if name is not None:
+        config["name"] = name
     configured = config.get("gradient_accumulation_steps") or 1
     if backward_passes_per_step > 1:
         if configured not in (1, backward_passes_per_step):
@@ -77,19 +112,52 @@ def DistributedOptimizer(
                 f"the optimizer already has gradient_accumulation_steps={configured}, which "
                 f"contradicts backward_passes_per_step={backward_passes_per_step}; give one")
         config["gradient_accumulation_steps"] = backward_passes_per_step
-    return _distributed_class(type(optimizer), compression, op, skip_nonfinite).from_config(
-        config)
+    return _distributed_class(type(optimizer), reduction, skip_nonfinite).from_config(config)
 
 
-def make_distributed(optimizer: keras.optimizers.Optimizer, *, compression: str | None = None,
+def make_distributed(optimizer: keras.optimizers.Optimizer, *, compression: Any = None,
                      op: Any = None, skip_nonfinite: bool = False) -> None:
     """Make an optimizer that already holds state (a loaded model's) distributed, in
     place; the arguments are :func:`DistributedOptimizer`'s."""
-    op = _checked_op(op, compression)
+    reduction = _reduction(compression, op, 1.0, None, 1)
     if isinstance(optimizer, LossScaleOptimizer):
-        optimizer.__class__ = _loss_scale_class(type(optimizer), compression, op)
+        optimizer.__class__ = _loss_scale_class(type(optimizer), reduction)
     else:
-        optimizer.__class__ = _distributed_class(type(optimizer), compression, op, skip_nonfinite)
+        optimizer.__class__ = _distributed_class(type(optimizer), reduction, skip_nonfinite)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Reduction:
+    """How an update's gradients are combined across workers (a cache key, so frozen)."""
+
+    compression: str | None
+    op: Any
+    prescale: float = 1.0
+    postscale: float = 1.0
+    process_set: Any = None
+
+    def apply(self, grads: list[Any]) -> list[Any]:
+        return collectives.average_gradients(
+            grads, self.compression, self.op, prescale=self.prescale,
+            postscale=self.postscale, process_set=self.process_set)
+
+
+def _reduction(compression: Any, op: Any, predivide: float, process_set: Any,
+               summed_passes: int) -> _Reduction:
+    """The checked reduction for :func:`DistributedOptimizer`'s arguments."""
+    hvd = collectives.horovod()
+    if compression is hvd.Compression.none:
+        compression = None
+    elif compression is hvd.Compression.fp16:
+        compression = "fp16"
+    op = hvd.Average if op is None else op
+    require_compression(compression)
+    collectives.check_op(op)
+    require_positive_number("gradient_predivide_factor", predivide)
+    if predivide != 1.0 and op != hvd.Average:
+        raise ValueError("gradient_predivide_factor needs op=Average (it splits the "
+                         "average's division into a part before and one after the sum)")
+    return _Reduction(compression, op, 1.0 / predivide, predivide * summed_passes, process_set)
 
 
 def require_agreeing_loss_scaling(optimizer: keras.optimizers.Optimizer | None) -> None:
@@ -111,8 +179,8 @@ def _mixed_float16() -> bool:
     return _internals.global_policy_name() == "mixed_float16"
 
 
-def _distributed_loss_scale(optimizer: keras.optimizers.Optimizer, compression: str | None,
-                            op: Any, backward_passes_per_step: int) -> LossScaleOptimizer:
+def _distributed_loss_scale(optimizer: keras.optimizers.Optimizer, reduction: _Reduction,
+                            backward_passes_per_step: int) -> LossScaleOptimizer:
     """``optimizer`` (or a plain one inside a LossScaleOptimizer) with the loss scaling's
     decision taken on the worker-averaged gradients."""
     if backward_passes_per_step > 1:
@@ -124,11 +192,11 @@ def _distributed_loss_scale(optimizer: keras.optimizers.Optimizer, compression: 
             type(optimizer.inner_optimizer), "_hvdtrain_distributed", False):
         raise ValueError("the LossScaleOptimizer wraps an optimizer that is already "
                          "distributed or scaled; give hvk.DistributedOptimizer the plain one")
-    return _loss_scale_class(type(optimizer), compression, op).from_config(optimizer.get_config())
+    return _loss_scale_class(type(optimizer), reduction).from_config(optimizer.get_config())
 
 
 @functools.cache
-def _loss_scale_class(base: type, compression: str | None, op: Any) -> type:
+def _loss_scale_class(base: type, reduction: _Reduction) -> type:
     """A LossScaleOptimizer subclass that averages the scaled gradients before its
     finite check (Keras calls ``apply`` once per update, before anything else)."""
 
@@ -136,8 +204,7 @@ def _loss_scale_class(base: type, compression: str | None, op: Any) -> type:
         _hvdtrain_distributed = True
 
         def apply(self, grads, trainable_variables=None):
-            averaged = collectives.average_gradients(list(grads), compression, op)
-            return super().apply(averaged, trainable_variables)
+            return super().apply(reduction.apply(list(grads)), trainable_variables)
 
     _name_like(DistributedLossScale, base)
     return DistributedLossScale
@@ -151,17 +218,8 @@ def _name_like(cls: type, base: type) -> None:
     cls.__doc__ = f"{base.__name__} with gradients averaged over Horovod workers."
 
 
-def _checked_op(op: Any, compression: str | None) -> Any:
-    """``op`` (Average when None), after checking it and ``compression``."""
-    op = collectives.horovod().Average if op is None else op
-    require_compression(compression)
-    collectives.check_op(op)
-    return op
-
-
 @functools.cache
-def _distributed_class(base: type, compression: str | None, op: Any,
-                       skip_nonfinite: bool) -> type:
+def _distributed_class(base: type, reduction: _Reduction, skip_nonfinite: bool) -> type:
     """A subclass of ``base`` that averages gradients just before clipping and the update.
 
     Keras 3 calls ``_clip_gradients`` once per optimizer update, with the final
@@ -173,7 +231,7 @@ def _distributed_class(base: type, compression: str | None, op: Any,
 
     class Distributed(base):
         def _clip_gradients(self, grads):
-            averaged = collectives.average_gradients(grads, compression, op)
+            averaged = reduction.apply(grads)
             if not skip_nonfinite:
                 averaged = collectives.require_finite(averaged, self.iterations)
             else:

@@ -1,11 +1,20 @@
-"""The Keras adapter's callbacks for ``model.fit``, one per file."""
+"""The Keras adapter's callbacks for ``model.fit``, one per file (Horovod's names
+beside the ones they resemble)."""
 
-from hvdtrain.adapters.keras.callbacks.broadcast_initial_state import BroadcastInitialState
+from hvdtrain.adapters.keras.callbacks.broadcast_initial_state import (
+    BroadcastGlobalVariablesCallback,
+    BroadcastInitialState,
+)
 from hvdtrain.adapters.keras.callbacks.collective_watchdog import CollectiveWatchdog
+from hvdtrain.adapters.keras.callbacks.learning_rate_schedule import (
+    LearningRateScheduleCallback,
+    LearningRateWarmupCallback,
+)
 from hvdtrain.adapters.keras.callbacks.linear_scaling_warmup import LinearScalingWarmup
-from hvdtrain.adapters.keras.callbacks.metric_average import MetricAverage
+from hvdtrain.adapters.keras.callbacks.metric_average import MetricAverage, MetricAverageCallback
 from hvdtrain.adapters.keras.callbacks.model_checkpoint import ModelCheckpoint
 from hvdtrain.adapters.keras.callbacks.replica_check import ReplicaCheck
 
-__all__ = ["BroadcastInitialState", "CollectiveWatchdog", "LinearScalingWarmup",
-           "MetricAverage", "ModelCheckpoint", "ReplicaCheck"]
+__all__ = ["BroadcastGlobalVariablesCallback", "BroadcastInitialState", "CollectiveWatchdog",
+           "LearningRateScheduleCallback", "LearningRateWarmupCallback", "LinearScalingWarmup",
+           "MetricAverage", "MetricAverageCallback", "ModelCheckpoint", "ReplicaCheck"]

@@ -46,7 +46,31 @@ class BroadcastInitialState(keras.callbacks.Callback):
             "optimizer config": _comparable_config(optimizer),
             **software_versions("keras", "tensorflow", "torch", "horovod"),
         }, "BroadcastInitialState")
-        collectives.broadcast_variables(variables, self.root_rank)
+        collectives.broadcast_variables(self._to_broadcast(variables), self.root_rank)
+
+    def _to_broadcast(self, variables: list) -> list:
+        return variables
+
+
+class BroadcastGlobalVariablesCallback(BroadcastInitialState):
+    """Horovod's name: :class:`BroadcastInitialState` with Horovod's arguments.
+
+    Horovod's callback broadcasts after the first batch (that batch's update starts
+    from unequal weights); this one, like BroadcastInitialState, before the first step.
+
+    Args:
+        root_rank: the rank whose values everyone takes.
+        device: accepted for Horovod's signature; unused (no GPU placement here).
+        local_variables: variables each rank keeps its own value of.
+    """
+
+    def __init__(self, root_rank: int = 0, device: str = "",
+                 local_variables: list | None = None) -> None:
+        super().__init__(root_rank)
+        self._local = {id(v) for v in local_variables or ()}
+
+    def _to_broadcast(self, variables: list) -> list:
+        return [v for v in variables if id(v) not in self._local]
 
 
 def _comparable_config(optimizer: keras.optimizers.Optimizer | None) -> dict | None:

@@ -6,9 +6,9 @@ from collections.abc import Iterable
 from typing import Any
 
 import keras
-from keras import ops
 
 from hvdtrain.adapters.keras import _internals, collectives
+from hvdtrain.adapters.keras.callbacks._rates import learning_rate, set_learning_rate
 from hvdtrain.runtime import elastic_job
 from hvdtrain.schedule import (
     DEFAULT_BASE_BATCH_SIZE,
@@ -110,7 +110,7 @@ class LinearScalingWarmup(keras.callbacks.Callback):
             raise ValueError("LinearScalingWarmup needs steps_per_epoch: fit does not know the "
                              "number of batches per epoch for this data; pass steps_per_epoch=")
         if self.base_lr is None:
-            self.base_lr = _learning_rate(optimizer)
+            self.base_lr = learning_rate(optimizer)
             if not self.base_lr > 0:
                 raise ValueError(
                     f"the optimizer's learning rate is {self.base_lr}: LinearScalingWarmup "
@@ -198,28 +198,9 @@ class LinearScalingWarmup(keras.callbacks.Callback):
                                             self.world_size)
 
     def _set_rate(self, new: float) -> None:
-        optimizer = self.model.optimizer
-        old = _learning_rate(optimizer)
-        if new == old:
-            return
-        optimizer.learning_rate = new
-        if self.momentum_correction:
-            _rescale_velocity(optimizer, new / old)
+        set_learning_rate(self.model.optimizer, new, momentum_correction=self.momentum_correction)
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
         """Log the rate as ``learning_rate``."""
         if logs is not None:
-            logs["learning_rate"] = _learning_rate(self.model.optimizer)
-
-
-def _learning_rate(optimizer: keras.optimizers.Optimizer) -> float:
-    return float(ops.convert_to_numpy(optimizer.learning_rate))
-
-
-def _rescale_velocity(optimizer: keras.optimizers.Optimizer, factor: float) -> None:
-    """Goyal et al.'s momentum correction for the v = m·v - lr·g form (Keras's SGD)."""
-    if not isinstance(optimizer, keras.optimizers.SGD) or not optimizer.momentum \
-            or not optimizer.built:
-        return
-    for velocity in optimizer.momentums:
-        velocity.assign(velocity * factor)
+            logs["learning_rate"] = learning_rate(self.model.optimizer)

@@ -23,3 +23,10 @@ class MetricAverage(keras.callbacks.Callback):
         """Replace each value in ``logs`` by its mean over the ranks."""
         if logs:
             logs.update(collectives.average_numbers(logs))
+
+
+class MetricAverageCallback(MetricAverage):
+    """Horovod's name for :class:`MetricAverage` (the ``device`` argument is unused)."""
+
+    def __init__(self, device: str = "") -> None:
+        super().__init__()

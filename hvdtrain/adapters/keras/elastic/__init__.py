@@ -13,6 +13,9 @@ the workers there are, and ``fit`` continues from there. One module per concern:
   the rest of the epoch among the workers there are.
 - :mod:`.commit_state`: :class:`CommitState`, the callback that advances and commits
   the state during ``fit``.
+- :mod:`.horovod_callbacks`: Horovod's ``CommitStateCallback``,
+  ``UpdateBatchStateCallback`` and ``UpdateEpochStateCallback``, for scripts written
+  for ``horovod.tensorflow.keras.elastic``.
 
 Example (``examples/keras_elastic.py`` is a whole one)::
 
@@ -35,7 +38,13 @@ No ``BroadcastInitialState`` is needed: the state's first sync broadcasts rank 0
 
 from hvdtrain.adapters.keras.elastic.commit_state import CommitState
 from hvdtrain.adapters.keras.elastic.data import ElasticData
+from hvdtrain.adapters.keras.elastic.horovod_callbacks import (
+    CommitStateCallback,
+    UpdateBatchStateCallback,
+    UpdateEpochStateCallback,
+)
 from hvdtrain.adapters.keras.elastic.run import run
 from hvdtrain.adapters.keras.elastic.state import KerasState
 
-__all__ = ["CommitState", "ElasticData", "KerasState", "run"]
+__all__ = ["CommitState", "CommitStateCallback", "ElasticData", "KerasState",
+           "UpdateBatchStateCallback", "UpdateEpochStateCallback", "run"]

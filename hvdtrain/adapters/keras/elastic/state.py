@@ -26,8 +26,9 @@ class KerasState(ObjectState):
     then tells the warmup the new number of workers.
 
     Args:
-        model: a built, compiled ``keras.Model``; its optimizer's variables are built
-            here if ``fit`` has not yet.
+        model: a built ``keras.Model``.
+        optimizer: its optimizer (Horovod's argument); default: the one it was compiled
+            with. Its variables are built here if ``fit`` has not yet.
         warmup: a :class:`~hvdtrain.adapters.keras.LinearScalingWarmup` among fit's
             callbacks: after a reset its rate follows the rule for the new k from the
             samples seen so far (and the momentum is corrected).
@@ -38,11 +39,12 @@ class KerasState(ObjectState):
 
     Raises:
         TypeError: for a model, warmup or data of the wrong type.
-        ValueError: for a model that is not built or not compiled.
+        ValueError: for a model that is not built, or without an optimizer.
     """
 
-    def __init__(self, model: keras.Model, *, warmup: LinearScalingWarmup | None = None,
-                 data: ElasticData | None = None, epoch: int = 0, **extras: Any) -> None:
+    def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer | None = None,
+                 *, warmup: LinearScalingWarmup | None = None, data: ElasticData | None = None,
+                 epoch: int = 0, **extras: Any) -> None:
         require_instance("model", model, keras.Model, "a keras.Model")
         if warmup is not None:
             require_instance("warmup", warmup, LinearScalingWarmup,
@@ -54,13 +56,14 @@ class KerasState(ObjectState):
         if not model.built:
             raise ValueError("the model is not built: call it on a batch or give it an "
                              "Input before making its KerasState")
-        optimizer = getattr(model, "optimizer", None)
+        optimizer = optimizer or getattr(model, "optimizer", None)
         if optimizer is None:
             raise ValueError("the model is not compiled: compile it with the "
-                             "DistributedOptimizer before making its KerasState")
+                             "DistributedOptimizer (or pass optimizer=) before making its "
+                             "KerasState")
         if not optimizer.built:
             optimizer.build(model.trainable_variables)
-        self.model, self.warmup, self.data = model, warmup, data
+        self.model, self.optimizer, self.warmup, self.data = model, optimizer, warmup, data
         local = _internals.accumulator_ids(optimizer)
         # What every worker must hold alike (gradient accumulators are each worker's own).
         self._shared = list(model.variables) + [
