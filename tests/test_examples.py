@@ -120,6 +120,19 @@ def test_keras_train_learns_with_averaged_metrics_on_rank_0_only():
     assert "val_accuracy" not in result.ranks[1].output
 
 
+def test_a_horovod_keras_script_runs_with_only_its_import_changed():
+    code_after_docstring = (EXAMPLES / "horovod_keras.py").read_text().split('"""', 2)[2]
+    code = [line for line in code_after_docstring.splitlines() if "hvdtrain" in line]
+    assert code == ["import hvdtrain.adapters.keras as hvd  # was: import horovod.tensorflow."
+                    "keras as hvd"]
+    result = run_workers(EXAMPLES / "horovod_keras.py", ["--epochs", "6"], timeout=180).check()
+    summary = re.search(r"final accuracy ([\d.]+) on 2 workers, replicas identical",
+                        result.ranks[0].output)
+    assert summary and float(summary[1]) >= 0.9, result.ranks[0].output[-2000:]
+    assert "finished gradual learning rate warmup to 0.04" in result.ranks[0].output
+    assert "final accuracy" not in result.ranks[1].output
+
+
 def test_tf_custom_loop_learns_with_identical_replicas():
     result = run_workers(EXAMPLES / "tf_custom_loop.py", ["--epochs", "8"], controller="mpi",
                          timeout=180).check()
