@@ -15,6 +15,7 @@ from workers.keras_common import (
     STEPS_PER_EPOCH,
     horovod_rate,
     make_model,
+    reference_batch_norm_fit,
     reference_embedding_fit,
     reference_fit,
     reference_mixed_precision,
@@ -194,3 +195,23 @@ def test_embedding_gradients_average_like_one_process(keras_run, sparse_as_dense
     for rank in (0, 1):
         trained = keras_run.arrays(f"embedding_sparse_as_dense_{sparse_as_dense}", rank)
         assert max_difference(trained, reference) <= FLOAT64_TOLERANCE
+
+
+def check_sync_batch_norm(run, tolerance: float) -> None:
+    """Weights and moving statistics after an epoch on 2 ranks equal one process with
+    plain BatchNormalization on the concatenated batch; plain BatchNormalization on
+    2 ranks (each worker's own statistics) does not."""
+    run.both("sync_batch_norm")  # the scenario ran on both ranks
+    reference = reference_batch_norm_fit()
+    for rank in (0, 1):
+        assert max_difference(run.arrays("sync_batch_norm", rank), reference) <= tolerance
+    assert max_difference(run.arrays("local_batch_norm", 0), reference) > 1e-3
+
+
+def test_sync_batch_normalization_normalizes_the_global_batch(keras_run):
+    check_sync_batch_norm(keras_run, FLOAT64_TOLERANCE)
+
+
+def test_sync_batch_normalization_on_the_torch_backend(keras_torch_run):
+    """The torch backend's losses are float32 (see above)."""
+    check_sync_batch_norm(keras_torch_run, 1e-5)

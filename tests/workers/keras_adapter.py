@@ -22,6 +22,7 @@ from keras_common import (
     WARMUP_EPOCHS,
     LossScaleRecorder,
     loss,
+    make_batch_norm_model,
     make_data,
     make_embedding_data,
     make_embedding_model,
@@ -273,6 +274,20 @@ def save_embedding_fits() -> None:
         save(f"embedding_sparse_as_dense_{sparse_as_dense}", model)
 
 
+def scenario_sync_batch_norm() -> None:
+    """SyncBatchNormalization and, for contrast, plain BatchNormalization, one epoch."""
+    use_floatx("float64")
+    x, y = shard(*make_data(), hvk.rank())
+    for name, layer in (("sync_batch_norm", hvk.SyncBatchNormalization),
+                        ("local_batch_norm", keras.layers.BatchNormalization)):
+        model = make_batch_norm_model(layer)
+        model.compile(optimizer=hvk.DistributedOptimizer(keras.optimizers.SGD(ETA["sgd"])),
+                      loss=loss(), jit_compile=False)
+        model.fit(x, y, batch_size=BATCH_PER_WORKER, epochs=1, shuffle=False, verbose=0)
+        save(name, model)
+    report("sync_batch_norm")
+
+
 def scenario_replica_check_and_metrics() -> None:
     use_floatx("float64")
     model = make_model()
@@ -376,6 +391,7 @@ def main() -> None:
         "sgd": functools.partial(fit, "sgd", "sgd"),
         "adam": functools.partial(fit, "adam", "adam"),
         "sgd_accumulate": functools.partial(fit, "sgd_accumulate", "sgd", passes=2),
+        "sync_batch_norm": scenario_sync_batch_norm,
     }
     if TENSORFLOW:
         scenarios.update({

@@ -205,3 +205,24 @@ def reference_embedding_fit() -> list[np.ndarray]:
     model.compile(optimizer=keras.optimizers.SGD(ETA["sgd"]), loss="mse", jit_compile=False)
     model.fit(x, y, batch_size=BATCH_PER_WORKER * WORKERS, epochs=1, shuffle=False, verbose=0)
     return model.get_weights()
+
+
+def make_batch_norm_model(normalization: type) -> keras.Model:
+    """Dense -> ``normalization`` (BatchNormalization or a subclass) -> tanh -> Dense,
+    with weights drawn with NumPy (the same on every rank)."""
+    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(HIDDEN),
+                              normalization(momentum=0.5), keras.layers.Activation("tanh"),
+                              keras.layers.Dense(CLASSES)])
+    rng = np.random.RandomState(17)
+    model.set_weights([rng.uniform(0.5, 1.5, w.shape) for w in model.get_weights()])
+    return model
+
+
+def reference_batch_norm_fit() -> list[np.ndarray]:
+    """One process, plain BatchNormalization, the global batch, one epoch of SGD."""
+    use_floatx("float64")
+    x, y = make_data()
+    model = make_batch_norm_model(keras.layers.BatchNormalization)
+    model.compile(optimizer=keras.optimizers.SGD(ETA["sgd"]), loss=loss(), jit_compile=False)
+    model.fit(x, y, batch_size=BATCH_PER_WORKER * WORKERS, epochs=1, shuffle=False, verbose=0)
+    return model.get_weights()

@@ -15,6 +15,8 @@ module per concern:
   :class:`MetricAverage`, :class:`ReplicaCheck`, :class:`CollectiveWatchdog`,
   :class:`ModelCheckpoint`.
 - :mod:`.state`: :func:`verify_replicas`.
+- :mod:`.sync_batch_normalization`: :class:`SyncBatchNormalization` (batch statistics
+  of the global batch).
 - :mod:`.elastic`: elastic training with ``fit`` (workers leave and join).
 - :mod:`.collectives`: the collectives on Keras tensors that all of these use (shared
   with :mod:`hvdtrain.adapters.tensorflow`); :mod:`._internals`: the private Keras
@@ -62,6 +64,7 @@ from hvdtrain.adapters.keras.callbacks import (
 from hvdtrain.adapters.keras.checkpoint import load_model, save_model
 from hvdtrain.adapters.keras.optimizer import DistributedOptimizer
 from hvdtrain.adapters.keras.state import verify_replicas
+from hvdtrain.adapters.keras.sync_batch_normalization import SyncBatchNormalization
 from hvdtrain.consistency import RankDisagreementError
 from hvdtrain.replicas import ReplicaMismatchError
 from hvdtrain.runtime import init_horovod
@@ -70,6 +73,7 @@ __all__ = [
     "Adasum", "Average", "BroadcastInitialState", "CollectiveWatchdog", "Compression",
     "DistributedOptimizer", "LinearScalingWarmup", "MetricAverage", "ModelCheckpoint",
     "ProcessSet", "RankDisagreementError", "ReplicaCheck", "ReplicaMismatchError", "Sum",
+    "SyncBatchNormalization",
     "add_process_set", "allgather", "allgather_object", "allreduce", "alltoall", "broadcast",
     "broadcast_object", "callbacks", "ccl_built", "cross_rank", "cross_size", "cuda_built",
     "ddl_built", "elastic", "global_process_set", "gloo_built", "gloo_enabled",

@@ -20,6 +20,10 @@ Read through the functions below:
   as set, read without ``keras.config.dtype_policy()``, which fixes it at the current
   floatx when unset (and so changes what later layers compute in).
 
+Overridden in :class:`~hvdtrain.adapters.keras.SyncBatchNormalization`:
+``BatchNormalization._moments(inputs, mask)`` (the training statistics), reading
+``_reduction_axes`` (set in ``build``) and ``axis`` (an int in Keras 3).
+
 Overridden in :class:`~hvdtrain.adapters.keras.ModelCheckpoint`:
 ``ModelCheckpoint._save_model(epoch, batch, logs)`` (called when a save is due),
 using ``_get_file_path`` and ``_should_save_model`` (which also updates ``best``).

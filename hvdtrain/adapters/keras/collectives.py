@@ -137,6 +137,13 @@ def finite_on_every_rank(grads: Sequence[Any]) -> Any:
     return ops.equal(ops.reshape(total, []), 0.0)
 
 
+def sum_over_ranks(tensor: Any, name: str) -> Any:
+    """The sum of ``tensor`` over all ranks, differentiable (its gradient is the sum of
+    the ranks' gradients); ``name`` pairs the collective across ranks."""
+    hvd = horovod()
+    return hvd.allreduce(tensor, op=hvd.Sum, name=name, **_UNSCOPED)
+
+
 def _dense(gradient: Any) -> Any:
     # Embedding layers give tf.IndexedSlices on TensorFlow; the allreduce needs a dense tensor.
     return ops.convert_to_tensor(gradient)
