@@ -95,6 +95,15 @@ class DistributedGradientTape:
 
     All gradients of one ``gradient()`` call go through one grouped allreduce (or, with
     ``compression="bf16"``, one allgather). Works eagerly and inside ``tf.function``.
+    An averaged gradient holding NaN or Inf stops training on every rank (an
+    ``InvalidArgumentError`` naming the optimizer step when ``optimizer`` is given),
+    unless ``check_nonfinite=False``.
+
+    To accumulate micro-batches, take plain ``tape.gradient`` and give them to
+    ``hvdtrain.adapters.keras.DistributedOptimizer(opt, backward_passes_per_step=N)``
+    with ``optimizer.apply``: Keras accumulates, and the mean over micro-batches and
+    workers is applied with one allreduce per update (a tape lives for one step; the
+    accumulation belongs to the optimizer that applies it).
 
     Example::
 
@@ -105,13 +114,16 @@ class DistributedGradientTape:
     """
 
     def __init__(self, tape: tf.GradientTape, *, compression: str | None = None,
-                 op: Any = Average) -> None:
+                 op: Any = Average, check_nonfinite: bool = True,
+                 optimizer: keras.optimizers.Optimizer | None = None) -> None:
         require_compression(compression)
         collectives.check_op(op)
         require_instance("tape", tape, tf.GradientTape, "a tf.GradientTape")
         self.tape = tape
         self.compression = compression
         self.op = op
+        self.check_nonfinite = check_nonfinite
+        self.optimizer = optimizer
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
                  unconnected_gradients: tf.UnconnectedGradients = tf.UnconnectedGradients.NONE
@@ -121,6 +133,11 @@ class DistributedGradientTape:
         grads = self.tape.gradient(target, sources, output_gradients, unconnected_gradients)
         flat = tf.nest.flatten(grads)
         averaged = collectives.average_gradients(flat, self.compression, self.op)
+        if self.check_nonfinite:
+            step = self.optimizer.iterations if self.optimizer is not None else "(unknown)"
+            averaged = collectives.require_finite(
+                averaged, step, remedy="Lower the learning rate or check the data (or pass "
+                "check_nonfinite=False to let it through).")
         return tf.nest.pack_sequence_as(grads, averaged)
 
 

@@ -8,6 +8,7 @@ from harness import max_difference
 from workers.keras_common import (
     EPOCHS,
     STEPS_PER_EPOCH,
+    reference_accumulated_fit,
     reference_custom_loop,
     schedule,
     use_floatx,
@@ -23,6 +24,24 @@ def test_custom_loop_on_two_workers_equals_one_process(keras_run):
         assert max_difference(keras_run.arrays("custom_loop", rank), reference) <= 1e-10
     rank0, rank1 = keras_run.both("custom_loop")
     assert rank0["first"] == rank1["first"] and rank0["after"] == rank1["after"]
+
+
+def test_the_tape_stops_every_rank_on_a_nonfinite_average_unless_told_not_to(keras_run):
+    for report in keras_run.both("custom_loop_checks"):
+        assert "worker-averaged gradient holds NaN or Inf at optimizer step" in report["error"]
+        assert "check_nonfinite=False" in report["error"]
+        assert report["passed_through"]
+
+
+def test_micro_batches_accumulate_in_a_custom_loop_like_one_process(keras_run):
+    """Plain tape gradients into DistributedOptimizer(backward_passes_per_step=2) with
+    optimizer.apply: 10 micro-batches are 5 updates, each the mean over 2 micro-batches
+    and 2 workers, equal to one process on the 16-example batches."""
+    reference = reference_accumulated_fit()
+    for rank in (0, 1):
+        assert keras_run.both("custom_loop_checks")[rank]["updates"] == STEPS_PER_EPOCH
+        assert max_difference(keras_run.arrays("custom_loop_accumulate", rank), reference) \
+            <= 1e-10
 
 
 def test_custom_loop_learning_rate_is_the_schedule(keras_run):

@@ -385,6 +385,57 @@ def scenario_custom_loop() -> None:
     save("custom_loop", model)
 
 
+def scenario_custom_loop_checks() -> None:
+    """DistributedGradientTape's non-finite check (rank 1's batch holds a NaN), and
+    micro-batch accumulation in a custom loop through DistributedOptimizer."""
+    import tensorflow as tf
+
+    import hvdtrain.adapters.tensorflow as hvtf
+
+    use_floatx("float64")
+    x, y = shard(*make_data(), hvk.rank())
+    model = make_model()
+    optimizer = keras.optimizers.SGD(ETA["sgd"])
+    optimizer.build(model.trainable_variables)
+    xb = x[:BATCH_PER_WORKER].copy()
+    if hvk.rank() == 1:
+        xb[0] = np.nan
+
+    def gradients(check: bool):
+        with tf.GradientTape() as tape:
+            value = loss()(y[:BATCH_PER_WORKER], model(tf.constant(xb), training=True))
+        return hvtf.DistributedGradientTape(tape, check_nonfinite=check, optimizer=optimizer
+                                            ).gradient(value, model.trainable_variables)
+
+    try:
+        tf.function(lambda: gradients(True))()
+        error = None
+    except tf.errors.InvalidArgumentError as failure:
+        error = failure.message
+    unchecked = tf.function(lambda: gradients(False))()
+    passed_through = not all(bool(tf.reduce_all(tf.math.is_finite(g))) for g in unchecked)
+
+    x, y = shard(*make_data(passes=2), hvk.rank())
+    model = make_model()
+    accumulating = hvk.DistributedOptimizer(keras.optimizers.SGD(ETA["sgd"]),
+                                            backward_passes_per_step=2)
+    accumulating.build(model.trainable_variables)
+
+    @tf.function
+    def micro_step(xb, yb):
+        with tf.GradientTape() as tape:
+            value = loss()(yb, model(xb, training=True))
+        accumulating.apply(tape.gradient(value, model.trainable_variables),
+                           model.trainable_variables)
+
+    for micro in range(len(x) // BATCH_PER_WORKER):
+        rows = slice(micro * BATCH_PER_WORKER, (micro + 1) * BATCH_PER_WORKER)
+        micro_step(tf.constant(x[rows]), tf.constant(y[rows]))
+    report("custom_loop_checks", error=error, passed_through=passed_through,
+           updates=int(accumulating.iterations.numpy()))
+    save("custom_loop_accumulate", model)
+
+
 def main() -> None:
     hvk.init()
     scenarios = {
@@ -408,6 +459,7 @@ def main() -> None:
             "replica_check": scenario_replica_check_and_metrics,
             "failures": scenario_failures,
             "custom_loop": scenario_custom_loop,
+            "custom_loop_checks": scenario_custom_loop_checks,
         })
     run_scenarios(hvk.rank, scenarios)
     hvk.shutdown()

@@ -226,3 +226,15 @@ def reference_batch_norm_fit() -> list[np.ndarray]:
     model.compile(optimizer=keras.optimizers.SGD(ETA["sgd"]), loss=loss(), jit_compile=False)
     model.fit(x, y, batch_size=BATCH_PER_WORKER * WORKERS, epochs=1, shuffle=False, verbose=0)
     return model.get_weights()
+
+
+def reference_accumulated_fit() -> list[np.ndarray]:
+    """One process, plain SGD, one epoch of make_data(passes=2) in batches of 2
+    micro-batches x WORKERS x BATCH_PER_WORKER."""
+    use_floatx("float64")
+    x, y = make_data(passes=2)
+    model = make_model()
+    model.compile(optimizer=keras.optimizers.SGD(ETA["sgd"]), loss=loss(), jit_compile=False)
+    model.fit(x, y, batch_size=2 * WORKERS * BATCH_PER_WORKER, epochs=1, shuffle=False,
+              verbose=0)
+    return model.get_weights()

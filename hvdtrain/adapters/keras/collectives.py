@@ -23,7 +23,7 @@ from keras import ops
 from hvdtrain import runtime, watchdog
 from hvdtrain.consistency import check_ranks_agree as _check_ranks_agree
 from hvdtrain.metrics import average_by_key
-from hvdtrain.nonfinite import NonFiniteGradientError, nonfinite_gradient_message
+from hvdtrain.nonfinite import SKIP_REMEDY, NonFiniteGradientError, nonfinite_gradient_message
 from hvdtrain.replicas import checksums, raise_on_mismatch
 from hvdtrain.validation import require_root_rank
 
@@ -106,23 +106,25 @@ def average_gradients(grads: Sequence[Any], compression: str | None, op: Any, *,
     return result
 
 
-def require_finite(grads: Sequence[Any], step: Any) -> list[Any]:
+def require_finite(grads: Sequence[Any], step: Any, remedy: str = SKIP_REMEDY) -> list[Any]:
     """``grads`` unchanged, after stopping training if any holds a NaN or Inf.
 
     On TensorFlow this is a graph assertion (``InvalidArgumentError`` naming the step);
-    on torch a :class:`hvdtrain.nonfinite.NonFiniteGradientError`.
+    on torch a :class:`hvdtrain.nonfinite.NonFiniteGradientError`. ``remedy`` ends the
+    message.
     """
     present = [g for g in grads if g is not None]
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
         finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in present])
-        before, after = nonfinite_gradient_message(_STEP_PLACEHOLDER).split(_STEP_PLACEHOLDER)
+        message = nonfinite_gradient_message(_STEP_PLACEHOLDER, remedy=remedy)
+        before, after = message.split(_STEP_PLACEHOLDER)
         check = tf.debugging.Assert(finite, [f"hvdtrain: {before}", step, after])
         with tf.control_dependencies([check]):
             return [None if g is None else tf.identity(g) for g in grads]
     if not all(bool(ops.all(ops.isfinite(g))) for g in present):
-        raise NonFiniteGradientError(nonfinite_gradient_message(int(step)))
+        raise NonFiniteGradientError(nonfinite_gradient_message(int(step), remedy=remedy))
     return list(grads)
 
 
