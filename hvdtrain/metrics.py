@@ -2,7 +2,9 @@
 
 Every adapter's metric averaging (``hvt.average_metrics``, ``hvk.MetricAverage``)
 gathers each rank's named numbers and calls :func:`average_by_key`, so that every
-rank logs, and acts on, the same values.
+rank logs, and acts on, the same values. When the ranks' shares differ in size (an
+evaluation set that does not divide evenly), each rank's mean is weighted by the
+number of examples it covers, which makes the result the mean over all the examples.
 
 Example::
 
@@ -16,18 +18,23 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 
-def average_by_key(values_by_rank: Sequence[Mapping[str, float]]) -> dict[str, float]:
+def average_by_key(values_by_rank: Sequence[Mapping[str, float]],
+                   weights_by_rank: Sequence[Mapping[str, float]] | None = None
+                   ) -> dict[str, float]:
     """The mean over ranks of each named number (as gathered from every rank).
 
     Args:
         values_by_rank: each rank's ``{name: number}``, in rank order.
+        weights_by_rank: each rank's ``{name: weight}`` (the examples its number is a
+            mean over; 0 for a rank with none), or None for equal weights.
 
     Returns:
-        ``{name: mean}``, with the names sorted.
+        ``{name: mean}``, with the names sorted: sum(weight x value) / sum(weight).
 
     Raises:
         ValueError: when the ranks report different names, for example validation
-            metrics on one rank only, the classic cause of Horovod hangs.
+            metrics on one rank only, the classic cause of Horovod hangs; or when a
+            weight is negative, or a name's weights are all 0.
     """
     keys = sorted(values_by_rank[0])
     for rank, values in enumerate(values_by_rank[1:], start=1):
@@ -37,5 +44,16 @@ def average_by_key(values_by_rank: Sequence[Mapping[str, float]]) -> dict[str, f
                 f"rank {rank}; every rank must report the same metrics (give every rank "
                 "validation data, or none)"
             )
-    return {key: sum(values[key] for values in values_by_rank) / len(values_by_rank)
-            for key in keys}
+    if weights_by_rank is None:
+        return {key: sum(values[key] for values in values_by_rank) / len(values_by_rank)
+                for key in keys}
+    averages = {}
+    for key in keys:
+        weights = [weights[key] for weights in weights_by_rank]
+        if any(weight < 0 for weight in weights) or sum(weights) <= 0:
+            raise ValueError(f"the weights of metric {key!r} must be >= 0 with a positive sum "
+                             f"(the examples each rank's value covers), got {weights}")
+        total = sum(weight * values[key]
+                    for weight, values in zip(weights, values_by_rank, strict=True) if weight)
+        averages[key] = total / sum(weights)
+    return averages

@@ -35,6 +35,12 @@ def require_positive_int(name: str, value: object) -> None:
         raise ValueError(f"{name} must be an int > 0, got {value!r}")
 
 
+def require_non_negative_int(name: str, value: object) -> None:
+    """Raise ValueError unless ``value`` is an int >= 0 (bool excluded)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+
+
 def require_root_rank(root_rank: object, size: int) -> None:
     """Raise ValueError unless ``root_rank`` names one of ``size`` workers."""
     if isinstance(root_rank, bool) or not isinstance(root_rank, int) \

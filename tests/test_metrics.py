@@ -10,3 +10,15 @@ def test_average_by_key_is_the_mean_over_ranks_and_needs_the_same_keys():
         "acc": 0.375, "loss": 2.0}
     with pytest.raises(ValueError, match=r"\['loss'\] on rank 0 but \['los'\] on rank 1"):
         average_by_key([{"loss": 1.0}, {"los": 1.0}])
+
+
+def test_weighted_by_examples_it_is_the_mean_over_all_the_examples():
+    """Rank 0's accuracy is over 11 examples (8 right), rank 1's over 10 (5 right): 13/21."""
+    values = [{"acc": 8 / 11, "val_acc": 1.0}, {"acc": 5 / 10, "val_acc": 0.0}]
+    weights = [{"acc": 11, "val_acc": 3}, {"acc": 10, "val_acc": 0}]  # rank 1: no val data
+    assert average_by_key(values, weights) == pytest.approx({"acc": 13 / 21, "val_acc": 1.0},
+                                                            rel=1e-15)
+    with pytest.raises(ValueError, match="'acc' must be >= 0 with a positive sum"):
+        average_by_key(values, [{"acc": -1, "val_acc": 1}, {"acc": 1, "val_acc": 1}])
+    with pytest.raises(ValueError, match="'val_acc'"):
+        average_by_key(values, [{"acc": 1, "val_acc": 0}, {"acc": 1, "val_acc": 0}])

@@ -7,7 +7,15 @@ The launches, shared by tests/adapters/test_keras_*.py: conftest.py's ``keras_ru
 
 import numpy as np
 import pytest
-from workers.keras_common import EPOCHS, STEPS_PER_EPOCH, schedule
+from workers.keras_common import (
+    EPOCHS,
+    STEPS_PER_EPOCH,
+    loss,
+    make_model,
+    make_validation_data,
+    schedule,
+    use_floatx,
+)
 
 FIT_CASES = [("sgd", "sgd", 1), ("adam", "adam", 1), ("sgd_accumulate", "sgd", 2)]
 
@@ -59,3 +67,23 @@ def test_ranks_that_start_differently_are_stopped_before_the_first_step(keras_ru
         errors = report["disagreements"]
         assert "optimizer class is 'SGD' on rank 0 but 'Adam' on rank 1" in errors["optimizer"]
         assert "batch_size_per_worker is 4 on rank 0 but 8 on rank 1" in errors["batch size"]
+
+
+def test_metric_average_weighted_by_examples_equals_one_process_on_uneven_validation(
+        keras_run):
+    """Validation shares of 11 and 10 examples: with validation_examples, val_loss and
+    val_accuracy are those of one process evaluating all 21 with the final weights
+    (both ranks log them); the plain mean of the two shares' means is not."""
+    use_floatx("float64")
+    model = make_model()
+    model.compile(loss=loss(), metrics=["accuracy"], jit_compile=False)
+    model.set_weights(keras_run.arrays("uneven_validation"))
+    xv, yv = make_validation_data()
+    expected_loss, expected_accuracy = model.evaluate(xv, yv, batch_size=32, verbose=0)
+    rank0, rank1 = keras_run.both("uneven_validation")
+    assert (rank0["shares"], rank1["shares"]) == (11, 10)
+    for report in (rank0, rank1):
+        assert report["weighted"]["val_loss"] == pytest.approx(expected_loss, rel=1e-10)
+        assert report["weighted"]["val_accuracy"] == pytest.approx(expected_accuracy,
+                                                                   rel=1e-10)
+    assert rank0["unweighted"]["val_loss"] != pytest.approx(expected_loss, rel=1e-6)

@@ -29,6 +29,7 @@ from keras_common import (
     make_model,
     make_optimizer,
     make_overflowing_data,
+    make_validation_data,
     shard,
     use_floatx,
 )
@@ -385,6 +386,27 @@ def scenario_custom_loop() -> None:
     save("custom_loop", model)
 
 
+def scenario_uneven_validation() -> None:
+    """Validation shares of 11 and 10 examples, averaged by MetricAverage with and
+    without validation_examples; the final weights are saved for a one-process check."""
+    use_floatx("float64")
+    x, y = shard(*make_data(), hvk.rank())
+    xv, yv = make_validation_data()
+    xv, yv = xv[hvk.rank()::hvk.size()], yv[hvk.rank()::hvk.size()]
+    logs = {}
+    for weighted in (True, False):
+        model = make_model()
+        model.compile(optimizer=hvk.DistributedOptimizer(keras.optimizers.SGD(ETA["sgd"])),
+                      loss=loss(), metrics=["accuracy"], jit_compile=False)
+        average = hvk.MetricAverage(examples=len(x), validation_examples=len(xv)) \
+            if weighted else hvk.MetricAverage()
+        history = model.fit(x, y, batch_size=BATCH_PER_WORKER, epochs=1, shuffle=False,
+                            verbose=0, validation_data=(xv, yv), callbacks=[average])
+        logs[str(weighted)] = {key: values[-1] for key, values in history.history.items()}
+    save("uneven_validation", model)
+    report("uneven_validation", shares=len(xv), weighted=logs["True"], unweighted=logs["False"])
+
+
 def scenario_custom_loop_checks() -> None:
     """DistributedGradientTape's non-finite check (rank 1's batch holds a NaN), and
     micro-batch accumulation in a custom loop through DistributedOptimizer."""
@@ -460,6 +482,7 @@ def main() -> None:
             "failures": scenario_failures,
             "custom_loop": scenario_custom_loop,
             "custom_loop_checks": scenario_custom_loop_checks,
+            "uneven_validation": scenario_uneven_validation,
         })
     run_scenarios(hvk.rank, scenarios)
     hvk.shutdown()

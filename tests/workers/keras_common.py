@@ -238,3 +238,11 @@ def reference_accumulated_fit() -> list[np.ndarray]:
     model.fit(x, y, batch_size=2 * WORKERS * BATCH_PER_WORKER, epochs=1, shuffle=False,
               verbose=0)
     return model.get_weights()
+
+
+VALIDATION_EXAMPLES = 21  # 11 + 10 on 2 workers: shares of different sizes
+
+
+def make_validation_data() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.RandomState(23)
+    return rng.randn(VALIDATION_EXAMPLES, FEATURES), rng.randint(0, CLASSES, VALIDATION_EXAMPLES)

@@ -273,7 +273,30 @@ def scenario_metrics_and_sampler() -> None:
     for epoch in range(2):
         sampler.set_epoch(epoch)
         epochs.append(list(sampler))
-    report("metrics", averaged=averaged, key_error=key_error, sampler=epochs)
+    report("metrics", averaged=averaged, key_error=key_error, sampler=epochs,
+           uneven=_uneven_evaluation())
+
+
+def _uneven_evaluation() -> dict:
+    """Evaluate a fixed linear model on 21 examples shared without repeats (11 + 10):
+    the examples seen, and the loss and accuracy averaged with and without weights."""
+    generator = torch.Generator().manual_seed(4)
+    x = torch.randn(21, 3, generator=generator, dtype=torch.float64)
+    y = (x.sum(1) > 0).long()
+    model = torch.nn.Linear(3, 2).double()
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[0.3, -0.2, 0.1], [-0.1, 0.4, 0.2]]))
+        model.bias.zero_()
+    sampler = hvt.distributed_sampler(list(range(21)), seed=1, pad=False)
+    sampler.set_epoch(2)
+    mine = list(sampler)
+    with torch.no_grad():
+        logits = model(x[mine])
+    metrics = {"loss": torch.nn.functional.cross_entropy(logits, y[mine]).item(),
+               "accuracy": (logits.argmax(1) == y[mine]).double().mean().item()}
+    return {"indices": mine, "length": len(sampler),
+            "weighted": hvt.average_metrics(metrics, examples=len(sampler)),
+            "unweighted": hvt.average_metrics(metrics)}
 
 
 def scenario_horovod_api() -> None:

@@ -222,12 +222,18 @@ def verify_variables(named_variables: Sequence[tuple[str, Any]]) -> None:
                                                  "hvdtrain.replica_checksums"), labels)
 
 
-def average_numbers(values: Mapping[str, float]) -> dict[str, float]:
+def average_numbers(values: Mapping[str, float],
+                    weights: Mapping[str, float] | None = None) -> dict[str, float]:
     """The mean of each named number over all ranks, identical on every rank
-    (:func:`hvdtrain.metrics.average_by_key`: different names raise ValueError)."""
+    (:func:`hvdtrain.metrics.average_by_key`: different names raise ValueError),
+    weighted by ``weights`` (each rank's examples per name) when given."""
     mine = {key: float(value) for key, value in values.items()}
-    return average_by_key(watchdog.watched_allgather(_allgather_object, mine,
-                                                     "hvdtrain.metrics"))
+    gathered = watchdog.watched_allgather(_allgather_object, (mine, weights),
+                                          "hvdtrain.metrics")
+    by_rank = [numbers for numbers, _ in gathered]
+    if weights is None:
+        return average_by_key(by_rank)
+    return average_by_key(by_rank, [rank_weights for _, rank_weights in gathered])
 
 
 def _allgather_object(value: Any, name: str) -> list[Any]:
