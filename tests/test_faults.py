@@ -125,22 +125,28 @@ def test_ranks_that_start_differently_are_stopped_before_the_first_step(check, d
             assert detail in error
 
 
-def test_sigkill_while_writing_checkpoints_never_loses_the_previous_one(tmp_path):
-    """Rank 0 (here a single worker, no launcher) saves 8 MB checkpoints back to back and
-    is killed at random moments, almost always in the middle of a write."""
-    import torch
-
-    rng = random.Random(2026)
-    for _ in range(8):
-        writer = subprocess.Popen(
-            [sys.executable, str(WORKERS / "checkpoint_single.py"), "loop", str(tmp_path)],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+def killed_writer(command: list[str], seed: int, rounds: int):
+    """Start ``command`` (a worker that saves checkpoints back to back and prints
+    "saved N" after each) ``rounds`` times, killing it at a random moment, almost
+    always in the middle of a write; yields the last step it confirmed each time."""
+    rng = random.Random(seed)
+    for _ in range(rounds):
+        writer = subprocess.Popen([sys.executable, *command], stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, text=True)
         assert writer.stdout.readline().startswith("saved ")
         time.sleep(rng.uniform(0.0, 0.4))
         writer.kill()
         printed, _ = writer.communicate()
-        last_confirmed = int(([line for line in printed.splitlines() if line] or ["saved 1"])[-1]
-                             .split()[1])
+        yield int(([line for line in printed.splitlines() if line] or ["saved 1"])[-1]
+                  .split()[1])
+
+
+def test_sigkill_while_writing_checkpoints_never_loses_the_previous_one(tmp_path):
+    """Rank 0 (here a single worker, no launcher) saves 8 MB checkpoints and is killed."""
+    import torch
+
+    for last_confirmed in killed_writer(
+            [str(WORKERS / "checkpoint_single.py"), "loop", str(tmp_path)], 2026, 8):
         payload = torch.load(tmp_path / "ckpt.pt", weights_only=True)
         step = payload["extra"]["step"]
         assert step in (last_confirmed, last_confirmed + 1)
@@ -162,17 +168,8 @@ def keras_file_weights(path) -> list:
 def test_sigkill_while_writing_keras_checkpoints_never_loses_the_previous_one(tmp_path):
     """The same for hvdtrain.adapters.keras.save_model (``.keras`` files of 8 MB); the
     file is read without Keras."""
-    rng = random.Random(2027)
-    for _ in range(6):
-        writer = subprocess.Popen(
-            [sys.executable, str(WORKERS / "keras_checkpoint_single.py"), str(tmp_path)],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        assert writer.stdout.readline().startswith("saved ")
-        time.sleep(rng.uniform(0.0, 0.4))
-        writer.kill()
-        printed, _ = writer.communicate()
-        last_confirmed = int(([line for line in printed.splitlines() if line] or ["saved 1"])[-1]
-                             .split()[1])
+    for last_confirmed in killed_writer(
+            [str(WORKERS / "keras_checkpoint_single.py"), str(tmp_path)], 2027, 6):
         values = keras_file_weights(tmp_path / "ckpt.keras")
         steps = {float(v) for array in values for v in np.unique(array)}
         assert len(values) == 4 and len(steps) == 1, steps
