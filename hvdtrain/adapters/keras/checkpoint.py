@@ -59,26 +59,33 @@ def write_model(model: keras.Model, path: str | os.PathLike[str], *,
             model.save(temporary, overwrite=True)
 
 
-def load_model(path: str | os.PathLike[str], *, compression: str | None = None, op: Any = None,
-               skip_nonfinite: bool = False, **load_kwargs: Any) -> keras.Model:
+def load_model(path: str | os.PathLike[str], custom_optimizers: list[type] | None = None,
+               custom_objects: dict[str, Any] | None = None, compression: Any = None, *,
+               op: Any = None, skip_nonfinite: bool = False, **load_kwargs: Any) -> keras.Model:
     """Load a model saved with ``model.save`` (or :func:`save_model`) on every rank, from
     rank 0's file, and make its optimizer distributed.
 
     Rank 0 reads the file and broadcasts its bytes (with one worker, or before
     ``init()``, the file is read directly). The optimizer keeps its loaded state
-    (slots, iterations, learning rate, loss scale); ``load_kwargs`` go to
-    ``keras.saving.load_model`` (safe mode stays on unless you turn it off). The other
-    arguments are :func:`~hvdtrain.adapters.keras.DistributedOptimizer`'s.
+    (slots, iterations, learning rate, loss scale); ``custom_objects`` and
+    ``load_kwargs`` go to ``keras.saving.load_model`` (safe mode stays on unless you
+    turn it off), ``custom_optimizers`` (Horovod's argument: optimizer classes) join
+    ``custom_objects`` under their names. The other arguments are
+    :func:`~hvdtrain.adapters.keras.DistributedOptimizer`'s.
 
     Raises:
         RuntimeError: on every rank, when rank 0 could not read the file (missing,
             empty), naming it.
     """
+    custom_objects = {**(custom_objects or {}),
+                      **{cls.__name__: cls for cls in custom_optimizers or ()}}
+    if custom_objects:
+        load_kwargs["custom_objects"] = custom_objects
     hvd = collectives.horovod()
     if hvd.is_initialized() and hvd.size() > 1:
         data = on_rank0_for_all_ranks(lambda: require_checkpoint_file(path).read_bytes(),
-                                 f"read checkpoint {os.fspath(path)}",
-                                 "hvdtrain.keras_checkpoint.checked")
+                                      f"read checkpoint {os.fspath(path)}",
+                                      "hvdtrain.keras_checkpoint.checked")
         data = hvd.broadcast_object(data, root_rank=0, name="hvdtrain.keras_checkpoint.bytes")
         with tempfile.TemporaryDirectory(prefix="hvdtrain-load-") as folder:
             copy = Path(folder) / Path(path).name
