@@ -11,14 +11,18 @@ import pytest
 from harness import max_difference
 from workers.keras_common import (
     EPOCHS,
+    ETA,
     OVERFLOW_STEP,
     STEPS_PER_EPOCH,
     horovod_rate,
+    loss,
+    make_data,
     make_model,
     reference_batch_norm_fit,
     reference_embedding_fit,
     reference_fit,
     reference_mixed_precision,
+    shard,
     use_floatx,
 )
 
@@ -215,3 +219,27 @@ def test_sync_batch_normalization_normalizes_the_global_batch(keras_run):
 def test_sync_batch_normalization_on_the_torch_backend(keras_torch_run):
     """The torch backend's losses are float32 (see above)."""
     check_sync_batch_norm(keras_torch_run, 1e-5)
+
+
+def test_partial_distributed_optimizer_keeps_local_layers_local(keras_run):
+    """One SGD step with the first layer local: its gradient is each rank's own divided
+    by size() (Horovod's scale_local_gradients), the others' the mean over ranks;
+    each rank's gradients computed here in one process."""
+    import tensorflow as tf
+
+    keras_run.both("partial_distributed")
+    use_floatx("float64")
+    gradients = []
+    for rank in (0, 1):
+        x, y = shard(*make_data(), rank)
+        model = make_model()
+        with tf.GradientTape() as tape:
+            value = loss()(y[:4], model(tf.constant(x[:4]), training=True))
+        gradients.append([g.numpy() for g in tape.gradient(value, model.trainable_variables)])
+    start = make_model().get_weights()
+    for rank in (0, 1):
+        trained = keras_run.arrays("partial_distributed", rank)
+        for i, (before, after) in enumerate(zip(start, trained, strict=True)):
+            step = (gradients[rank][i] / 2 if i < 2
+                    else (gradients[0][i] + gradients[1][i]) / 2)
+            assert np.allclose(after, before - ETA["sgd"] * step, rtol=0, atol=1e-12), i

@@ -407,6 +407,20 @@ def scenario_uneven_validation() -> None:
     report("uneven_validation", shares=len(xv), weighted=logs["True"], unweighted=logs["False"])
 
 
+def scenario_partial_distributed() -> None:
+    """PartialDistributedOptimizer with the first layer local: one SGD step."""
+    use_floatx("float64")
+    x, y = shard(*make_data(), hvk.rank())
+    model = make_model()
+    model.compile(optimizer=hvk.PartialDistributedOptimizer(
+        keras.optimizers.SGD(ETA["sgd"]), local_layers=[model.layers[0]]),
+        loss=loss(), jit_compile=False)
+    model.fit(x[:BATCH_PER_WORKER], y[:BATCH_PER_WORKER], batch_size=BATCH_PER_WORKER,
+              epochs=1, shuffle=False, verbose=0)
+    save("partial_distributed", model)
+    report("partial_distributed")
+
+
 def scenario_custom_loop_checks() -> None:
     """DistributedGradientTape's non-finite check (rank 1's batch holds a NaN), and
     micro-batch accumulation in a custom loop through DistributedOptimizer."""
@@ -483,6 +497,7 @@ def main() -> None:
             "custom_loop": scenario_custom_loop,
             "custom_loop_checks": scenario_custom_loop_checks,
             "uneven_validation": scenario_uneven_validation,
+            "partial_distributed": scenario_partial_distributed,
         })
     run_scenarios(hvk.rank, scenarios)
     hvk.shutdown()

@@ -62,7 +62,7 @@ from hvdtrain.adapters.keras.callbacks import (
     ReplicaCheck,
 )
 from hvdtrain.adapters.keras.checkpoint import load_model, save_model
-from hvdtrain.adapters.keras.optimizer import DistributedOptimizer
+from hvdtrain.adapters.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer
 from hvdtrain.adapters.keras.state import verify_replicas
 from hvdtrain.adapters.keras.sync_batch_normalization import SyncBatchNormalization
 from hvdtrain.consistency import RankDisagreementError
@@ -72,8 +72,8 @@ from hvdtrain.runtime import init_horovod
 __all__ = [
     "Adasum", "Average", "BroadcastInitialState", "CollectiveWatchdog", "Compression",
     "DistributedOptimizer", "LinearScalingWarmup", "MetricAverage", "ModelCheckpoint",
-    "ProcessSet", "RankDisagreementError", "ReplicaCheck", "ReplicaMismatchError", "Sum",
-    "SyncBatchNormalization",
+    "PartialDistributedOptimizer", "ProcessSet", "RankDisagreementError", "ReplicaCheck",
+    "ReplicaMismatchError", "Sum", "SyncBatchNormalization",
     "add_process_set", "allgather", "allgather_object", "allreduce", "alltoall", "broadcast",
     "broadcast_object", "callbacks", "ccl_built", "cross_rank", "cross_size", "cuda_built",
     "ddl_built", "elastic", "global_process_set", "gloo_built", "gloo_enabled",

@@ -20,7 +20,8 @@ from hvdtrain.validation import (
     require_positive_number,
 )
 
-__all__ = ["DistributedOptimizer", "make_distributed", "require_agreeing_loss_scaling"]
+__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "make_distributed",
+           "require_agreeing_loss_scaling"]
 
 
 def DistributedOptimizer(
@@ -113,6 +114,39 @@ def DistributedOptimizer(
                 f"contradicts backward_passes_per_step={backward_passes_per_step}; give one")
         config["gradient_accumulation_steps"] = backward_passes_per_step
     return _distributed_class(type(optimizer), reduction, skip_nonfinite).from_config(config)
+
+
+def PartialDistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None = None,
+                                device_dense: str = "", device_sparse: str = "",
+                                compression: Any = None, sparse_as_dense: bool = False,
+                                gradient_predivide_factor: float = 1.0, op: Any = None,
+                                backward_passes_per_step: int = 1,
+                                average_aggregated_gradients: bool | None = None,
+                                groups: Any = None, process_set: Any = None,
+                                local_layers: Any = None, scale_local_gradients: bool = True
+                                ) -> keras.optimizers.Optimizer:
+    """Horovod's: :func:`DistributedOptimizer` with the trainable variables of
+    ``local_layers`` (a layer or a list) kept worker-local. Their gradients are not
+    averaged but divided by size(), as Horovod's ``scale_local_gradients`` does (False
+    is not supported); the other arguments are DistributedOptimizer's. Replica checks
+    (``ReplicaCheck``, ``verify_replicas``) will see the local variables differ; give
+    ``BroadcastGlobalVariablesCallback`` them as ``local_variables``.
+    """
+    if not scale_local_gradients:
+        raise ValueError("scale_local_gradients=False is not supported: local gradients are "
+                         "divided by size(), as Horovod does by default")
+    distributed = DistributedOptimizer(
+        optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
+        gradient_predivide_factor, op, backward_passes_per_step, average_aggregated_gradients,
+        0, groups, process_set)
+    if isinstance(distributed, LossScaleOptimizer):
+        raise ValueError("PartialDistributedOptimizer does not support loss scaling "
+                         "(mixed_float16)")
+    layers = local_layers if isinstance(local_layers, list | tuple) else [local_layers]
+    for layer in layers if local_layers is not None else ():
+        for variable in layer.trainable_weights:
+            distributed.register_local_var(variable)
+    return distributed
 
 
 def make_distributed(optimizer: keras.optimizers.Optimizer, *, compression: Any = None,
@@ -230,13 +264,33 @@ def _distributed_class(base: type, reduction: _Reduction, skip_nonfinite: bool) 
     """
 
     class Distributed(base):
+        def register_local_var(self, var: Any) -> None:
+            """Keep ``var`` worker-local (Horovod's): its gradient is not averaged but
+            divided by size() (Horovod's ``scale_local_gradients``)."""
+            self._hvdtrain_local = getattr(self, "_hvdtrain_local", frozenset()) | {id(var)}
+
+        def _backend_apply_gradients(self, grads, trainable_variables):
+            self._hvdtrain_variables = trainable_variables  # what _clip_gradients' grads are of
+            return super()._backend_apply_gradients(grads, trainable_variables)
+
         def _clip_gradients(self, grads):
-            averaged = reduction.apply(grads)
+            averaged = self._reduce(grads)
             if not skip_nonfinite:
                 averaged = collectives.require_finite(averaged, self.iterations)
             else:
                 self._hvdtrain_update = collectives.finite_on_every_rank(averaged)
             return super()._clip_gradients(averaged)
+
+        def _reduce(self, grads):
+            local = getattr(self, "_hvdtrain_local", None)
+            if not local:
+                return reduction.apply(grads)
+            is_local = [id(v) in local for v in self._hvdtrain_variables]
+            shared = reduction.apply([None if mine else g
+                                      for g, mine in zip(grads, is_local, strict=True)])
+            size = collectives.horovod().size()
+            return [g / size if mine and g is not None else averaged
+                    for g, averaged, mine in zip(grads, shared, is_local, strict=True)]
 
         def _apply_weight_decay(self, variables):
             parent = super()._apply_weight_decay
