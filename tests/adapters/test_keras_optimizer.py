@@ -18,6 +18,7 @@ from workers.keras_common import (
     loss,
     make_data,
     make_model,
+    reference_accumulated_fit,
     reference_batch_norm_fit,
     reference_embedding_fit,
     reference_fit,
@@ -243,3 +244,14 @@ def test_partial_distributed_optimizer_keeps_local_layers_local(keras_run):
             step = (gradients[rank][i] / 2 if i < 2
                     else (gradients[0][i] + gradients[1][i]) / 2)
             assert np.allclose(after, before - ETA["sgd"] * step, rtol=0, atol=1e-12), i
+
+
+def test_a_nonfinite_accumulation_window_is_skipped_and_the_next_starts_clean(keras_run):
+    """backward_passes_per_step=2 with skip_nonfinite: the window holding rank 1's NaN
+    micro-batch is skipped on both ranks, its accumulators are cleared, and the 4
+    updates after it equal one process on the batches after the first."""
+    reference = reference_accumulated_fit(skipped_updates=1)
+    for rank in (0, 1):
+        assert keras_run.both("accumulate_nonfinite")[rank]["skipped"] == 1
+        assert max_difference(keras_run.arrays("accumulate_nonfinite", rank), reference) \
+            <= FLOAT64_TOLERANCE

@@ -421,6 +421,24 @@ def scenario_partial_distributed() -> None:
     report("partial_distributed")
 
 
+def scenario_accumulate_nonfinite() -> None:
+    """Accumulating 2 micro-batches with skip_nonfinite; rank 1's first micro-batch
+    holds a NaN, so the first update's averaged gradient does."""
+    use_floatx("float64")
+    x, y = shard(*make_data(passes=2), hvk.rank())
+    if hvk.rank() == 1:
+        x = x.copy()
+        x[0] = np.nan
+    model = make_model()
+    optimizer = hvk.DistributedOptimizer(keras.optimizers.SGD(ETA["sgd"]),
+                                         backward_passes_per_step=2, skip_nonfinite=True)
+    model.compile(optimizer=optimizer, loss=loss(), jit_compile=False)
+    model.fit(x, y, batch_size=BATCH_PER_WORKER, epochs=1, shuffle=False, verbose=0)
+    report("accumulate_nonfinite",
+           skipped=int(keras.ops.convert_to_numpy(optimizer.skipped_steps)))
+    save("accumulate_nonfinite", model)
+
+
 def scenario_custom_loop_checks() -> None:
     """DistributedGradientTape's non-finite check (rank 1's batch holds a NaN), and
     micro-batch accumulation in a custom loop through DistributedOptimizer."""
@@ -498,6 +516,7 @@ def main() -> None:
             "custom_loop_checks": scenario_custom_loop_checks,
             "uneven_validation": scenario_uneven_validation,
             "partial_distributed": scenario_partial_distributed,
+            "accumulate_nonfinite": scenario_accumulate_nonfinite,
         })
     run_scenarios(hvk.rank, scenarios)
     hvk.shutdown()

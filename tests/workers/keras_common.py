@@ -228,11 +228,14 @@ def reference_batch_norm_fit() -> list[np.ndarray]:
     return model.get_weights()
 
 
-def reference_accumulated_fit() -> list[np.ndarray]:
+def reference_accumulated_fit(skipped_updates: int = 0) -> list[np.ndarray]:
     """One process, plain SGD, one epoch of make_data(passes=2) in batches of 2
-    micro-batches x WORKERS x BATCH_PER_WORKER."""
+    micro-batches x WORKERS x BATCH_PER_WORKER, without its first ``skipped_updates``
+    batches."""
     use_floatx("float64")
     x, y = make_data(passes=2)
+    skipped = skipped_updates * 2 * WORKERS * BATCH_PER_WORKER
+    x, y = x[skipped:], y[skipped:]
     model = make_model()
     model.compile(optimizer=keras.optimizers.SGD(ETA["sgd"]), loss=loss(), jit_compile=False)
     model.fit(x, y, batch_size=2 * WORKERS * BATCH_PER_WORKER, epochs=1, shuffle=False,
