@@ -73,7 +73,9 @@ def DistributedOptimizer(
             grouped allreduce here.
         process_set: average over this Horovod process set's ranks only (its ranks
             must all call it); None: every rank.
-        scale_local_gradients: accepted (there are no worker-local variables here).
+        scale_local_gradients: accepted; variables made worker-local with
+            ``register_local_var`` (or :func:`PartialDistributedOptimizer`) always have
+            their gradient divided by size(), Horovod's default.
         skip_nonfinite: skip, on every rank alike, an update whose averaged gradient has
             a NaN or Inf (no weight decay, no change to weights or slots) and count it in
             ``optimizer.skipped_steps``; without it such an update stops training.
