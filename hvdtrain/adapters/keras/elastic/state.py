@@ -69,13 +69,13 @@ class KerasState(ObjectState):
         self._shared = list(model.variables) + [
             v for v in optimizer.variables if id(v) not in local]
         self._variables = list(model.variables) + list(optimizer.variables)
-        self._save_progress()
+        self._keep_copy()
         super().__init__(bcast_object=collectives.horovod().broadcast_object,
                          get_rank=collectives.horovod().rank, epoch=epoch, **extras)
 
     def save(self) -> None:
         """Keep a copy of the state in memory (``commit()`` calls it)."""
-        self._save_progress()
+        self._keep_copy()
         super().save()
 
     def restore(self) -> None:
@@ -91,7 +91,7 @@ class KerasState(ObjectState):
         self._load_progress(self._bcast_object(self._progress()))
         if self.warmup is not None:
             self.warmup.set_world_size(collectives.horovod().size())
-        self._save_progress()
+        self._keep_copy()
         super().sync()
 
     def _progress(self) -> dict[str, Any]:
@@ -104,6 +104,7 @@ class KerasState(ObjectState):
         if self.data is not None:
             self.data.load_state_dict(progress["data"])
 
-    def _save_progress(self) -> None:
+    def _keep_copy(self) -> None:
+        """Copy the variables' values and the progress to memory."""
         self._saved_values = [ops.convert_to_numpy(v) for v in self._variables]
         self._saved_progress = self._progress()
