@@ -285,7 +285,8 @@ def _uneven_evaluation() -> dict:
     y = (x.sum(1) > 0).long()
     model = torch.nn.Linear(3, 2).double()
     with torch.no_grad():
-        model.weight.copy_(torch.tensor([[0.3, -0.2, 0.1], [-0.1, 0.4, 0.2]]))
+        model.weight.copy_(torch.tensor([[0.3, -0.2, 0.1], [-0.1, 0.4, 0.2]],
+                                        dtype=torch.float64))
         model.bias.zero_()
     sampler = hvt.distributed_sampler(list(range(21)), seed=1, pad=False)
     sampler.set_epoch(2)

@@ -272,7 +272,10 @@ def _distributed_class(base: type, reduction: _Reduction, skip_nonfinite: bool) 
             self._hvdtrain_local = getattr(self, "_hvdtrain_local", frozenset()) | {id(var)}
 
         def _backend_apply_gradients(self, grads, trainable_variables):
-            self._hvdtrain_variables = trainable_variables  # what _clip_gradients' grads are of
+            # What _clip_gradients' grads are of. Set past Keras's attribute tracking,
+            # which would count the model's variables as the optimizer's (and saved
+            # optimizer state would no longer load).
+            object.__setattr__(self, "_hvdtrain_variables", list(trainable_variables))
             return super()._backend_apply_gradients(grads, trainable_variables)
 
         def _clip_gradients(self, grads):
