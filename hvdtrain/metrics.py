@@ -57,3 +57,12 @@ def average_by_key(values_by_rank: Sequence[Mapping[str, float]],
                     for weight, values in zip(weights, values_by_rank, strict=True) if weight)
         averages[key] = total / sum(weights)
     return averages
+
+
+def average_gathered(gathered: Sequence[tuple[Mapping[str, float],
+                                             Mapping[str, float] | None]]) -> dict[str, float]:
+    """:func:`average_by_key` of what each rank sent as ``(values, weights)``: the
+    weighted mean when the ranks sent weights, else the plain mean."""
+    values = [numbers for numbers, _ in gathered]
+    weights = [rank_weights for _, rank_weights in gathered]
+    return average_by_key(values, None if weights[0] is None else weights)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hvdtrain.metrics import average_by_key
+from hvdtrain.metrics import average_by_key, average_gathered
 
 
 def test_average_by_key_is_the_mean_over_ranks_and_needs_the_same_keys():
@@ -22,3 +22,10 @@ def test_weighted_by_examples_it_is_the_mean_over_all_the_examples():
         average_by_key(values, [{"acc": -1, "val_acc": 1}, {"acc": 1, "val_acc": 1}])
     with pytest.raises(ValueError, match="'val_acc'"):
         average_by_key(values, [{"acc": 1, "val_acc": 0}, {"acc": 1, "val_acc": 0}])
+
+
+def test_average_gathered_weights_only_when_the_ranks_sent_weights():
+    plain = [({"loss": 1.0}, None), ({"loss": 3.0}, None)]
+    weighted = [({"loss": 1.0}, {"loss": 3}), ({"loss": 3.0}, {"loss": 1})]
+    assert average_gathered(plain) == {"loss": 2.0}
+    assert average_gathered(weighted) == {"loss": 1.5}

@@ -44,7 +44,8 @@ def save_model(model: keras.Model, path: str | os.PathLike[str], *,
     """
     require_instance("model", model, keras.Model, "a keras.Model")
     on_rank0_for_all_ranks(lambda: write_model(model, path, weights_only=weights_only),
-                      f"write checkpoint {os.fspath(path)}", "hvdtrain.keras_checkpoint.saved")
+                           f"write checkpoint {os.fspath(path)}",
+                           "hvdtrain.keras_checkpoint.saved")
 
 
 def write_model(model: keras.Model, path: str | os.PathLike[str], *,

@@ -22,7 +22,7 @@ from keras import ops
 
 from hvdtrain import runtime, watchdog
 from hvdtrain.consistency import check_ranks_agree as _check_ranks_agree
-from hvdtrain.metrics import average_by_key
+from hvdtrain.metrics import average_gathered
 from hvdtrain.nonfinite import SKIP_REMEDY, NonFiniteGradientError, nonfinite_gradient_message
 from hvdtrain.replicas import checksums, raise_on_mismatch
 from hvdtrain.validation import require_root_rank
@@ -228,12 +228,8 @@ def average_numbers(values: Mapping[str, float],
     (:func:`hvdtrain.metrics.average_by_key`: different names raise ValueError),
     weighted by ``weights`` (each rank's examples per name) when given."""
     mine = {key: float(value) for key, value in values.items()}
-    gathered = watchdog.watched_allgather(_allgather_object, (mine, weights),
-                                          "hvdtrain.metrics")
-    by_rank = [numbers for numbers, _ in gathered]
-    if weights is None:
-        return average_by_key(by_rank)
-    return average_by_key(by_rank, [rank_weights for _, rank_weights in gathered])
+    return average_gathered(watchdog.watched_allgather(_allgather_object, (mine, weights),
+                                                       "hvdtrain.metrics"))
 
 
 def _allgather_object(value: Any, name: str) -> list[Any]:

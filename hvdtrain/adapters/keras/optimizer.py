@@ -200,14 +200,18 @@ def require_agreeing_loss_scaling(optimizer: keras.optimizers.Optimizer | None) 
     """Raise ValueError if ``compile`` wrapped a distributed optimizer in Keras's own
     LossScaleOptimizer (the ``mixed_float16`` policy was set after
     :func:`DistributedOptimizer`): its ranks would decide on overflow each alone."""
-    if (isinstance(optimizer, LossScaleOptimizer)
-            and not getattr(type(optimizer), "_hvdtrain_distributed", False)
-            and getattr(type(optimizer.inner_optimizer), "_hvdtrain_distributed", False)):
+    if (isinstance(optimizer, LossScaleOptimizer) and not _is_distributed(optimizer)
+            and _is_distributed(optimizer.inner_optimizer)):
         raise ValueError(
             "compile wrapped the distributed optimizer in Keras's LossScaleOptimizer, whose "
             "ranks would each decide alone whether their gradients overflowed (and fall out "
             "of step): set the mixed_float16 policy before calling hvk.DistributedOptimizer, "
             "or give it keras.optimizers.LossScaleOptimizer(your_optimizer)")
+
+
+def _is_distributed(optimizer: keras.optimizers.Optimizer) -> bool:
+    """Whether ``optimizer`` is one of this module's distributed classes."""
+    return getattr(type(optimizer), "_hvdtrain_distributed", False)
 
 
 def _mixed_float16() -> bool:
@@ -224,8 +228,8 @@ def _distributed_loss_scale(optimizer: keras.optimizers.Optimizer, reduction: _R
                          "(mixed_float16); accumulate in float32, or use mixed_bfloat16")
     if not isinstance(optimizer, LossScaleOptimizer):
         optimizer = LossScaleOptimizer(optimizer)
-    if isinstance(optimizer.inner_optimizer, LossScaleOptimizer) or getattr(
-            type(optimizer.inner_optimizer), "_hvdtrain_distributed", False):
+    inner = optimizer.inner_optimizer
+    if isinstance(inner, LossScaleOptimizer) or _is_distributed(inner):
         raise ValueError("the LossScaleOptimizer wraps an optimizer that is already "
                          "distributed or scaled; give hvk.DistributedOptimizer the plain one")
     return _loss_scale_class(type(optimizer), reduction).from_config(optimizer.get_config())
@@ -272,10 +276,12 @@ def _distributed_class(base: type, reduction: _Reduction, skip_nonfinite: bool) 
             self._hvdtrain_local = getattr(self, "_hvdtrain_local", frozenset()) | {id(var)}
 
         def _backend_apply_gradients(self, grads, trainable_variables):
-            # What _clip_gradients' grads are of. Set past Keras's attribute tracking,
-            # which would count the model's variables as the optimizer's (and saved
-            # optimizer state would no longer load).
-            object.__setattr__(self, "_hvdtrain_variables", list(trainable_variables))
+            if getattr(self, "_hvdtrain_local", None):
+                # What _clip_gradients' grads are of, for telling the local ones apart.
+                # Set past Keras's attribute tracking, which would count the model's
+                # variables as the optimizer's (and saved optimizer state would no
+                # longer load).
+                object.__setattr__(self, "_hvdtrain_variables", list(trainable_variables))
             return super()._backend_apply_gradients(grads, trainable_variables)
 
         def _clip_gradients(self, grads):

@@ -10,7 +10,7 @@ import horovod.torch as _hvd
 import torch
 
 from hvdtrain.adapters.torch._horovod import allgather_object, require_initialized
-from hvdtrain.metrics import average_by_key
+from hvdtrain.metrics import average_gathered
 from hvdtrain.validation import require_instance, require_non_negative_int
 
 __all__ = ["average_metrics", "distributed_sampler"]
@@ -45,12 +45,8 @@ def average_metrics(metrics: Mapping[str, float | torch.Tensor], *,
     if examples is not None:
         require_non_negative_int("examples", examples)
     mine = {key: _metric_value(key, value) for key, value in metrics.items()}
-    gathered = allgather_object((mine, examples), "hvdtrain.metrics")
-    values = [numbers for numbers, _ in gathered]
-    if examples is None:
-        return average_by_key(values)
-    return average_by_key(values, [dict.fromkeys(numbers, weight)
-                                   for numbers, weight in gathered])
+    weights = None if examples is None else dict.fromkeys(mine, examples)
+    return average_gathered(allgather_object((mine, weights), "hvdtrain.metrics"))
 
 
 def _metric_value(key: str, value: Any) -> float:

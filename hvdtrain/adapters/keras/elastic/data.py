@@ -54,7 +54,7 @@ class ElasticData(keras.utils.PyDataset):
         self.seed = seed
         self.epoch = 0
         self.position = 0
-        self._segment: tuple[int, int, np.ndarray] | None = None  # (start, size, indices)
+        self._segment: tuple[int, np.ndarray] | None = None  # (size, this worker's share)
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its first sample."""
@@ -62,7 +62,7 @@ class ElasticData(keras.utils.PyDataset):
 
     def record_batch(self) -> None:
         """Count one step of every worker as done: its samples are consumed."""
-        _, size, _ = self._current_segment()
+        size, _ = self._current_segment()
         self.position = min(self.samples, self.position + self.batch_size * size)
 
     def state_dict(self) -> dict[str, int]:
@@ -75,12 +75,12 @@ class ElasticData(keras.utils.PyDataset):
 
     def batch_indices(self, index: int) -> np.ndarray:
         """The samples of this worker's batch ``index`` of the current pass."""
-        _, _, indices = self._current_segment()
+        _, indices = self._current_segment()
         return indices[index * self.batch_size:(index + 1) * self.batch_size]
 
     def __len__(self) -> int:
         """This worker's batches in what is left of the epoch."""
-        _, _, indices = self._current_segment()
+        _, indices = self._current_segment()
         return math.ceil(len(indices) / self.batch_size)
 
     def __getitem__(self, index: int) -> Any:
@@ -108,10 +108,10 @@ class ElasticData(keras.utils.PyDataset):
         rest = np.resize(rest, len(rest) + -len(rest) % size)  # pads cyclically
         return rest[rank::size]
 
-    def _current_segment(self) -> tuple[int, int, np.ndarray]:
-        """(position, size, this worker's share) of the pass under way, fixed when it began."""
+    def _current_segment(self) -> tuple[int, np.ndarray]:
+        """(size, this worker's share) of the pass under way, fixed when it began."""
         if self._segment is None:
             hvd = collectives.horovod()
             rank, size = (hvd.rank(), hvd.size()) if hvd.is_initialized() else (0, 1)
-            self._segment = (self.position, size, self.share(rank, size))
+            self._segment = (size, self.share(rank, size))
         return self._segment
