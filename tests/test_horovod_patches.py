@@ -1,6 +1,8 @@
 """hvdtrain's patches to Horovod (scripts/patches/horovod/), each checked on the installed
 build by the behaviour it changes."""
 
+import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -62,3 +64,35 @@ def test_0002_without_the_idle_wait_the_background_thread_cycles():
     """The control for the test above: HVDTRAIN_IDLE_WAIT_MS=0 restores Horovod's
     cycle every 1 ms while idle, which under MPI busy-polls for the other rank."""
     assert max(r["idle_cpu_s"] for r in _patch_reports("mpi", HVDTRAIN_IDLE_WAIT_MS="0")) > 0.3
+
+
+def test_0004_the_launchers_build_check_is_answered_from_the_cache_of_this_build(tmp_path):
+    """horovodrun asks whether Horovod was built with Gloo (or MPI) by importing a framework
+    in a child process, seconds per launch. Patched, the first answer is kept per extension
+    binary in $XDG_CACHE_HOME/horovod/build-checks.json and read back while the binary is
+    unchanged: an answer planted there is returned without asking, and an entry for other
+    binaries (another size or time) is ignored."""
+    script = textwrap.dedent("""
+        from horovod.common.util import gloo_built, _build_check_key
+        print("answer", gloo_built(), flush=True)
+        print("key", _build_check_key("tensorflow", "built with Gloo"), flush=True)
+    """)
+
+    def ask() -> tuple[str, str]:
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)})
+        assert done.returncode == 0, done.stderr
+        lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+        return lines["answer"], lines["key"]
+
+    cache = tmp_path / "horovod" / "build-checks.json"
+    answer, key = ask()  # asks the extension, then remembers
+    assert answer == "True"
+    assert json.loads(cache.read_text()) == {key: True}
+    cache.write_text(json.dumps({key: False}))  # a planted answer is what comes back
+    assert ask()[0] == "False"
+    path, size, mtime = key.rsplit(":", 2)
+    stale = f"{path}:{int(size) + 1}:{mtime}"
+    cache.write_text(json.dumps({stale: False}))  # other binaries: asked again
+    assert ask()[0] == "True"
+    assert json.loads(cache.read_text()) == {stale: False, key: True}

@@ -8,12 +8,14 @@ import pytest
 import torch
 from torch_results import max_difference, tensors
 from workers.torch_common import (
+    JOIN_STEPS,
     STEPS,
     global_rows,
     loss_fn,
     make_data,
     make_model,
     reference_run,
+    uneven_reference_run,
 )
 
 FLOAT64_TOLERANCE = 1e-10
@@ -112,6 +114,30 @@ def test_the_nonfinite_check_raises_exactly_when_the_average_is_not_finite(
         assert rank0["outcomes"][case]["averaged"] == pytest.approx(expected[case], rel=1e-6)
     assert rank0["outcomes"][case]["averaged"] == rank1["outcomes"][case]["averaged"] or (
         case == "nan")
+
+
+def test_the_carried_bound_settles_ordinary_steps_and_defers_near_overflow(torch_run):
+    """The L2 norms summed in the allreduce prove ordinary gradients finite without a
+    read of them; near the largest float, or with fp16 on the wire, the bound defers
+    to the read of the averaged gradients (whose outcomes the test above checks)."""
+    outcomes = torch_run.report("nonfinite_edges")["outcomes"]
+    assert {case: outcome["bound_sufficed"] for case, outcome in outcomes.items()} == {
+        "small": True, "overflow": False, "cancel": False, "one_large": False,
+        "nan": False, "fp16_overflow": False}
+
+
+def test_uneven_shares_with_join_average_over_the_ranks_that_still_have_data(torch_run):
+    """Rank 0 trains 3 batches, rank 1 2 and then joins: the third step averages over
+    rank 0 alone (one process on the same batches), not Horovod's divide-by-every-rank
+    (half the gradient); after broadcasting from the last rank to join, both agree."""
+    reference = uneven_reference_run()
+    for rank, report in enumerate(torch_run.both("join_uneven")):
+        assert report["last"] == 0
+        assert report["steps"] == JOIN_STEPS[rank]
+        assert max_difference(tensors(torch_run, "join_uneven", rank), reference) \
+            <= FLOAT64_TOLERANCE
+    halved = uneven_reference_run(joined_scale=0.5)
+    assert max_difference(halved, reference) > 1e3 * FLOAT64_TOLERANCE
 
 
 def test_grad_scaler_steps_like_plain_averaging(torch_run):

@@ -14,6 +14,7 @@ import torch
 from scenarios import report as report_for_rank
 from scenarios import run_scenarios
 from torch_common import (
+    JOIN_STEPS,
     STEPS,
     STEPS_PER_EPOCH,
     WARMUP_EPOCHS,
@@ -153,8 +154,9 @@ def scenario_skip_nonfinite() -> None:
 def scenario_nonfinite_edges() -> None:
     """One gradient element per case, set on each rank, some near the wire format's
     largest number: the check must raise exactly when the averaged gradient is not
-    finite (the check sums the averaged gradients, and reads them one by one only
-    when that sum is not finite)."""
+    finite (a bound carried in the allreduce settles most cases; otherwise the check
+    sums the averaged gradients, and reads them one by one when that sum is not
+    finite)."""
     large = 0.75 * torch.finfo(torch.float32).max
     cases = {  # name: (rank 0's value, rank 1's value, compression)
         "small": (1.0, -2.0, None), "overflow": (large, large, None),
@@ -176,7 +178,9 @@ def scenario_nonfinite_edges() -> None:
             message = str(error)
         outcomes[case] = {
             "message": message, "averaged": float(model.weight.grad[1, 2]),
-            "finite": all(bool(p.grad.isfinite().all()) for p in model.parameters())}
+            "finite": all(bool(p.grad.isfinite().all()) for p in model.parameters()),
+            # whether the reduced L2 bound settled it, without reading the gradients
+            "bound_sufficed": optimizer._bound_proves_finite()}
     report("nonfinite_edges", outcomes=outcomes)
 
 
@@ -300,6 +304,24 @@ def _uneven_evaluation() -> dict:
             "unweighted": hvt.average_metrics(metrics)}
 
 
+def scenario_join_uneven() -> None:
+    """Uneven training shares: rank 0 has JOIN_STEPS[0] batches, rank 1 fewer; each
+    calls join() when its data ends, then both take the state of the last to join."""
+    x, y = make_data()
+    model = make_model()
+    optimizer = hvt.DistributedOptimizer(make_optimizer("sgd", model.parameters()),
+                                         model.named_parameters())
+    for step in range(JOIN_STEPS[hvt.rank()]):
+        optimizer.zero_grad()
+        part = rows(step, 0, hvt.rank(), 1)
+        loss_fn(model, x[part], y[part]).backward()
+        optimizer.step()
+    last = hvt.join()
+    hvt.broadcast_state(model, optimizer, root_rank=last)
+    report("join_uneven", last=last, steps=optimizer.steps_taken)
+    save("join_uneven", parameters(model))
+
+
 def scenario_horovod_api() -> None:
     """Horovod's own names, called through hvdtrain's module as a Horovod script would."""
     hvt.barrier()
@@ -357,6 +379,7 @@ def main() -> None:
         "grad_scaler": scenario_grad_scaler,
         "metrics": scenario_metrics_and_sampler,
         "horovod_api": scenario_horovod_api,
+        "join_uneven": scenario_join_uneven,
     })
     hvt.shutdown()
 

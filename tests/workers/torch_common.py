@@ -15,6 +15,8 @@ WORKERS = 2
 STEPS = 20
 STEPS_PER_EPOCH = 5
 WARMUP_EPOCHS = 2
+# Optimizer steps per rank in the uneven-shares (join) scenario.
+JOIN_STEPS = (3, 2)
 
 
 def make_data(steps: int = STEPS, batch: int = BATCH_PER_WORKER * WORKERS * 4,
@@ -78,5 +80,25 @@ def reference_run(kind: str, passes: int = 1, steps: int = STEPS) -> dict[str, t
         optimizer.zero_grad()
         part = global_rows(step, passes)
         loss_fn(model, x[part], y[part]).backward()
+        optimizer.step()
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def uneven_reference_run(joined_scale: float = 1.0) -> dict[str, torch.Tensor]:
+    """One process on the uneven shares of the join scenario: while both ranks have
+    data a step sees both batches, afterwards rank 0's alone. ``joined_scale`` scales
+    the gradient of those later steps (0.5 is Horovod's average over every rank)."""
+    x, y = make_data()
+    model = make_model()
+    optimizer = make_optimizer("sgd", model.parameters())
+    for step in range(max(JOIN_STEPS)):
+        optimizer.zero_grad()
+        ranks = [rank for rank, steps in enumerate(JOIN_STEPS) if step < steps]
+        shares = [rows(step, 0, rank, 1) for rank in ranks]
+        loss_fn(model, torch.cat([x[share] for share in shares]),
+                torch.cat([y[share] for share in shares])).backward()
+        if len(ranks) < WORKERS:
+            for parameter in model.parameters():
+                parameter.grad.mul_(joined_scale)
         optimizer.step()
     return {name: p.detach().clone() for name, p in model.named_parameters()}

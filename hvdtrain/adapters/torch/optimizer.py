@@ -79,7 +79,10 @@ def DistributedOptimizer(
             NaN or Inf; ``optimizer.skipped_steps`` counts them.
         check_nonfinite: without ``skip_nonfinite``, raise NonFiniteGradientError (on every
             rank, naming the parameter and step) when the averaged gradient has a NaN or
-            Inf. The check reads every gradient once more per step (its cost is in
+            Inf. In the flat allreduce each rank's L2 norm, taken as the gradients are
+            copied, travels with them and bounds the average, so the averaged
+            gradients are read only when that bound is not finite and small enough
+            (with per-tensor allreduces they are always read; the costs are in
             README.md, "Benchmarks"); pass False to drop it.
         overlap: True starts each gradient's allreduce during ``backward()``, to
             overlap communication with the rest of the backward pass; False sends all
@@ -88,7 +91,9 @@ def DistributedOptimizer(
             allreduce needs the very cores the backward pass is using, so starting it
             early only interleaves the two and adds a synchronisation with the other
             ranks per tensor (README.md, "Benchmarks", measures both). ``groups`` and
-            ``compression="bf16"`` imply per-tensor allreduces.
+            ``compression="bf16"`` imply per-tensor allreduces. Only the flat allreduce
+            averages right after a rank called ``join()`` (over the ranks that sent
+            gradients; Horovod's per-tensor path divides by every rank).
         gradient_predivide_factor: Horovod's: with ``op=Average``, each rank divides its
             gradient by this factor before the sum and the sum is multiplied by
             factor / size after it (same mean, other rounding).
@@ -205,7 +210,7 @@ class _CheckedAveraging:
         self.skipped_steps = 0
         self.steps_taken = 0
         self._bf16 = compression == "bf16"
-        self._flat_gradients: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
+        self._flat_gradients: list[tuple[torch.Tensor, list[torch.Tensor], bool]] = []
         self.load_state_dict(optimizer.state_dict())  # keep state built before wrapping
 
     def synchronize(self) -> None:
@@ -251,7 +256,10 @@ class _CheckedAveraging:
                 self.synchronize()
         step, self.steps_taken = self.steps_taken, self.steps_taken + 1
         nonfinite = self._first_nonfinite_gradient() if self.check_nonfinite else None
-        if self.skip_nonfinite and _on_any_rank(nonfinite is not None, self.process_set):
+        # A bound that proved the gradients finite is the same number on every rank, so
+        # every rank knows already: no vote.
+        if self.skip_nonfinite and not self._bound_proves_finite() and _on_any_rank(
+                nonfinite is not None, self.process_set):
             self.skipped_steps += 1
             self._synchronized = False
             return None
@@ -301,30 +309,64 @@ class _CheckedAveraging:
         # Horovod's own split of an average (see its _allreduce_grad_async).
         predivide = self.gradient_predivide_factor if self.op == Average else 1.0
         pending = []
-        for (dtype, _), parameters in by_kind.items():
-            flat = torch.cat([p.grad.reshape(-1) for p in parameters])
+        for (dtype, device), parameters in by_kind.items():
+            flat = self._flat_with_tally(parameters, dtype, device)
             wire, context = self._compression.compress(flat)
             handle = _hvd.allreduce_async_(wire, name=f"hvdtrain.gradients.{dtype}",
                                            op=self.op, prescale_factor=1.0 / predivide,
                                            postscale_factor=postscale * predivide,
                                            process_set=self.process_set)
             pending.append((parameters, flat, context, handle))
+        # What one contributed 1 (and each gradient element g) became after the reduction.
+        unit = postscale / (self.process_set.size() if self.op == Average else 1)
         with watchdog.guard(lambda: self._describe_allreduce(
                 [p for parameters, *_ in pending for p in parameters])):
             for parameters, flat, context, handle in pending:
                 averaged = self._compression.decompress(_hvd.synchronize(handle), context)
                 if averaged is not flat:
                     flat.copy_(averaged)
+                gradients = flat[:-_TALLY]
+                contributors, bound = (value / unit for value in flat[-_TALLY:].tolist())
+                if self.op == Average and 0.5 <= contributors < self.process_set.size() - 0.5:
+                    # Ranks that called join() sent zeros; average over the others only.
+                    gradients.mul_(self.process_set.size() / round(contributors))
                 offset = 0
                 for parameter in parameters:
                     size = parameter.numel()
-                    parameter.grad = flat[offset:offset + size].view_as(parameter)
+                    parameter.grad = gradients[offset:offset + size].view_as(parameter)
                     offset += size
-                self._flat_gradients.append((flat, parameters))
+                # The reduced elements are finite when the sum of the ranks' L2 norms
+                # is, with room for Horovod's scalings.
+                scaling = max(1.0, 1.0 / predivide, abs(unit))
+                finite = bound * scaling < torch.finfo(flat.dtype).max / 2
+                self._flat_gradients.append((gradients, parameters, finite))
         for parameter in self._allreduce_delay:
             self._allreduce_delay[parameter] = self.backward_passes_per_step
         self._handles.clear()
         self._synchronized = True
+
+    def _flat_with_tally(self, parameters: list[torch.Tensor], dtype: torch.dtype,
+                         device: torch.device) -> torch.Tensor:
+        """The gradients of ``parameters`` copied into one buffer, followed by the
+        tally (``_TALLY``): 1 and their L2 norm."""
+        size = sum(p.numel() for p in parameters)
+        flat = torch.empty(size + _TALLY, dtype=dtype, device=device)
+        torch.cat([p.grad.reshape(-1) for p in parameters], out=flat[:size])
+        flat[size] = 1
+        self._bound_gradients(flat[:size], out=flat[size + 1])
+        return flat
+
+    def _bound_gradients(self, gradients: torch.Tensor, out: torch.Tensor) -> None:
+        """Write the L2 norm of ``gradients`` (at least their largest magnitude, NaN if any
+        is NaN) to ``out``, computed while the copy is still in cache; infinity (no
+        bound) when the check is off or the wire format is lossy (fp16 could overflow
+        below the bound)."""
+        if self.check_nonfinite and self._compression is Compression.none:
+            # BLAS's dot reads the buffer at sum's speed; vector_norm is several times slower.
+            torch.dot(gradients, gradients, out=out)
+            out.sqrt_()
+        else:
+            out.fill_(float("inf"))
 
     def _pending_allreduces(self) -> str:
         return self._describe_allreduce([p for key in list(self._handles)
@@ -342,11 +384,14 @@ class _CheckedAveraging:
                       if p.grad is not None]
         if not parameters:
             return None
+        if self._bound_proves_finite():
+            return None
+        flat = self._flat_buffers()
         # A NaN or Inf anywhere makes the sum non-finite: one read of each gradient (of
         # the flat copies, when the gradients are still views into them) and one device
         # synchronisation in the common case. Only a sum that overflows without any
         # non-finite element needs the exact look below.
-        buffers = self._flat_buffers() or [p.grad for p in parameters]
+        buffers = [buffer for buffer, _ in flat] or [p.grad for p in parameters]
         total = buffers[0].sum()
         for buffer in buffers[1:]:
             total = total + buffer.sum()
@@ -357,16 +402,23 @@ class _CheckedAveraging:
                 return self._parameter_names.get(parameter, "<unnamed>")
         return None
 
-    def _flat_buffers(self) -> list[torch.Tensor]:
-        """The flat copies of the last synchronize, if every gradient is still a view into
-        one of them (nothing replaced a gradient since); otherwise none."""
+    def _bound_proves_finite(self) -> bool:
+        """Whether the bounds reduced with the last flat allreduce prove every gradient
+        finite (and the gradients are still those it reduced)."""
+        flat = self._flat_buffers()
+        return bool(flat) and all(finite for _, finite in flat)
+
+    def _flat_buffers(self) -> list[tuple[torch.Tensor, bool]]:
+        """The flat gradients of the last synchronize and whether their reduced bound
+        proves them finite, if every gradient is still a view into one of them (nothing
+        replaced a gradient since); otherwise none."""
         buffers = []
-        for flat, parameters in self._flat_gradients:
+        for flat, parameters, finite in self._flat_gradients:
             start, end = flat.data_ptr(), flat.data_ptr() + flat.numel() * flat.element_size()
             if not all(p.grad is not None and start <= p.grad.data_ptr() < end
                        for p in parameters):
                 return []
-            buffers.append(flat)
+            buffers.append((flat, finite))
         return buffers
 
     def _allreduce_grad_async(self, parameter):
@@ -374,6 +426,13 @@ class _CheckedAveraging:
             return _HorovodOptimizer._allreduce_grad_async(self, parameter)
         return _bf16_allreduce_async(parameter.grad, self._parameter_names.get(parameter),
                                      self.op), None
+
+
+# Two numbers ride behind the gradients in each flat allreduce: each rank's 1, which
+# the reduction turns into the number of ranks that sent gradients (a rank that called
+# join() sends zeros), and the L2 norm of its gradients, which becomes a bound on every
+# reduced element, so the non-finite check reads two numbers instead of every gradient.
+_TALLY = 2
 
 
 def _distributed_class(base: type) -> type:
