@@ -49,7 +49,7 @@ def time_the_check(optimizer) -> dict[str, list[float]]:
         return call
 
     optimizer._bound_gradients = timed(optimizer._bound_gradients, "bound")
-    optimizer._first_nonfinite_gradient = timed(optimizer._first_nonfinite_gradient, "look")
+    optimizer._bound_proves_finite = timed(optimizer._bound_proves_finite, "look")
     return times
 
 

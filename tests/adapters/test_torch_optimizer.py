@@ -126,6 +126,12 @@ def test_the_carried_bound_settles_ordinary_steps_and_defers_near_overflow(torch
         "nan": False, "fp16_overflow": False}
 
 
+def test_gradients_changed_after_the_users_synchronize_are_read_not_bounded(torch_run):
+    for report in torch_run.both("nonfinite_edges"):
+        assert report["changed_after_synchronize"] is not None
+        assert "'weight'" in report["changed_after_synchronize"]
+
+
 def test_uneven_shares_with_join_average_over_the_ranks_that_still_have_data(torch_run):
     """Rank 0 trains 3 batches, rank 1 2 and then joins: the third step averages over
     rank 0 alone (one process on the same batches), not Horovod's divide-by-every-rank

@@ -181,7 +181,22 @@ def scenario_nonfinite_edges() -> None:
             "finite": all(bool(p.grad.isfinite().all()) for p in model.parameters()),
             # whether the reduced L2 bound settled it, without reading the gradients
             "bound_sufficed": optimizer._bound_proves_finite()}
-    report("nonfinite_edges", outcomes=outcomes)
+    # After the user's own synchronize() the gradients may be changed in place (unscaled,
+    # clipped) before step(): the bound no longer describes them, so they are read.
+    model = torch.nn.Linear(3, 2)
+    optimizer = hvt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                         model.named_parameters())
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.synchronize()
+    with torch.no_grad():
+        model.weight.grad[1, 2] = float("inf")
+    try:
+        with optimizer.skip_synchronize():
+            optimizer.step()
+        changed = None
+    except hvt.NonFiniteGradientError as error:
+        changed = str(error)
+    report("nonfinite_edges", outcomes=outcomes, changed_after_synchronize=changed)
 
 
 def scenario_checkpoint() -> None:

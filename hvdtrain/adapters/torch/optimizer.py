@@ -245,6 +245,7 @@ class _CheckedAveraging:
         With ``skip_nonfinite=True``, a step whose averaged gradient has a NaN or Inf
         on any rank is skipped on every rank and counted in ``skipped_steps``.
         """
+        synchronizes_here = self._should_synchronize and not self._synchronized
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn(
@@ -255,10 +256,13 @@ class _CheckedAveraging:
             else:
                 self.synchronize()
         step, self.steps_taken = self.steps_taken, self.steps_taken + 1
-        nonfinite = self._first_nonfinite_gradient() if self.check_nonfinite else None
-        # A bound that proved the gradients finite is the same number on every rank, so
-        # every rank knows already: no vote.
-        if self.skip_nonfinite and not self._bound_proves_finite() and _on_any_rank(
+        # The bound describes the gradients as reduced, so it is trusted only when the
+        # reduction ran inside this step (after the user's own synchronize() they may have
+        # been changed in place). It is the same number on every rank: no vote needed.
+        proved = synchronizes_here and self._bound_proves_finite()
+        nonfinite = (self._first_nonfinite_gradient()
+                     if self.check_nonfinite and not proved else None)
+        if self.skip_nonfinite and not proved and _on_any_rank(
                 nonfinite is not None, self.process_set):
             self.skipped_steps += 1
             self._synchronized = False
@@ -384,14 +388,11 @@ class _CheckedAveraging:
                       if p.grad is not None]
         if not parameters:
             return None
-        if self._bound_proves_finite():
-            return None
-        flat = self._flat_buffers()
         # A NaN or Inf anywhere makes the sum non-finite: one read of each gradient (of
         # the flat copies, when the gradients are still views into them) and one device
         # synchronisation in the common case. Only a sum that overflows without any
         # non-finite element needs the exact look below.
-        buffers = [buffer for buffer, _ in flat] or [p.grad for p in parameters]
+        buffers = self._flat_buffers() or [p.grad for p in parameters]
         total = buffers[0].sum()
         for buffer in buffers[1:]:
             total = total + buffer.sum()
@@ -403,22 +404,21 @@ class _CheckedAveraging:
         return None
 
     def _bound_proves_finite(self) -> bool:
-        """Whether the bounds reduced with the last flat allreduce prove every gradient
-        finite (and the gradients are still those it reduced)."""
-        flat = self._flat_buffers()
-        return bool(flat) and all(finite for _, finite in flat)
+        """Whether the bounds reduced with the last flat allreduce prove every averaged
+        gradient finite (see ``_TALLY``)."""
+        return bool(self._flat_gradients) and all(
+            finite for *_, finite in self._flat_gradients)
 
-    def _flat_buffers(self) -> list[tuple[torch.Tensor, bool]]:
-        """The flat gradients of the last synchronize and whether their reduced bound
-        proves them finite, if every gradient is still a view into one of them (nothing
-        replaced a gradient since); otherwise none."""
+    def _flat_buffers(self) -> list[torch.Tensor]:
+        """The flat gradients of the last synchronize, if every gradient is still a view
+        into one of them (nothing replaced a gradient since); otherwise none."""
         buffers = []
-        for flat, parameters, finite in self._flat_gradients:
+        for flat, parameters, _ in self._flat_gradients:
             start, end = flat.data_ptr(), flat.data_ptr() + flat.numel() * flat.element_size()
             if not all(p.grad is not None and start <= p.grad.data_ptr() < end
                        for p in parameters):
                 return []
-            buffers.append((flat, finite))
+            buffers.append(flat)
         return buffers
 
     def _allreduce_grad_async(self, parameter):
