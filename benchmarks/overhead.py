@@ -2,9 +2,9 @@
 write on raw Horovod, on the same model, 2 ranks, Gloo and MPI.
 
 - PyTorch: ``hvdtrain.adapters.torch.DistributedOptimizer`` (default, with
-  ``check_nonfinite=False``, and with the check reading every averaged gradient as it
-  did before the bound carried in the allreduce) against
-  ``horovod.torch.DistributedOptimizer`` (overhead_worker.py).
+  ``check_nonfinite=False``, with the check reading every averaged gradient as it did
+  before the bound carried in the allreduce, and with ``skip_nonfinite=True`` both
+  ways) against ``horovod.torch.DistributedOptimizer`` (overhead_worker.py).
 - Keras 3: ``hvk.DistributedOptimizer`` against an SGD whose ``apply`` does one
   grouped allreduce (keras_overhead_worker.py).
 
@@ -62,6 +62,13 @@ def run(folder: Path, smoke: bool) -> dict:
             if "hvdtrain_read_check" in rounds_s:  # the check before the carried bound
                 entry["read_check_cost_ratio"] = median_ratio(
                     rounds_s["hvdtrain_read_check"], rounds_s["hvdtrain_unchecked"])
+                entry["read_check_share_of_step"] = (
+                    measured["read_check_s"] / entry["median_step_s"]["hvdtrain_read_check"])
+            if "hvdtrain_skip" in rounds_s:  # skip_nonfinite=True, with and without the bound
+                entry["skip_cost_ratio"] = median_ratio(rounds_s["hvdtrain_skip"],
+                                                        rounds_s["hvdtrain"])
+                entry["skip_read_vote_cost_ratio"] = median_ratio(
+                    rounds_s["hvdtrain_skip_read_vote"], rounds_s["hvdtrain"])
             entries.append(entry)
             progress("  " + ", ".join(
                 f"{name} ratio {ratio:.3f} (95% CI {low:.3f}-{high:.3f})"
@@ -69,7 +76,9 @@ def run(folder: Path, smoke: bool) -> dict:
                                                       entry["median_ratio_95ci"].values(),
                                                       strict=True))
                      + (f"; one non-finite check: {1e3 * measured['check_s']:.3f} ms, "
-                        f"{100 * entry['check_share_of_step']:.1f}% of the step"
+                        f"{100 * entry['check_share_of_step']:.1f}% of the step (reading the "
+                        f"averaged gradients: {1e3 * measured['read_check_s']:.3f} ms, "
+                        f"{100 * entry['read_check_share_of_step']:.1f}%)"
                         if "check_s" in measured else ""))
     bar_chart(folder / "overhead.png", "hvdtrain's step time / the raw-Horovod baseline's",
               {f"{e['framework']}\n{e['controller']}": e["median_ratio"]["hvdtrain"]

@@ -1,16 +1,19 @@
 """Step time of hvdtrain's PyTorch DistributedOptimizer against raw Horovod's, on every
 rank: ``python overhead_worker.py ROUNDS STEPS``.
 
-Four copies of the MLP (models.py), wrapped by ``horovod.torch.DistributedOptimizer``,
+Six copies of the MLP (models.py), wrapped by ``horovod.torch.DistributedOptimizer``,
 by ``hvdtrain.adapters.torch.DistributedOptimizer`` (default: with the non-finite
-check), by the latter with ``check_nonfinite=False`` and by the latter checking the old
+check), by the latter with ``check_nonfinite=False``, by the latter checking the old
 way (reading every averaged gradient instead of the bound carried in the allreduce),
-train in rotation (A B C D, B C D A, ...) for ROUNDS rounds of STEPS timed steps each,
+and with ``skip_nonfinite=True`` both ways (the old way also votes with one more
+collective), train in rotation (A B C ..., B C ... A, ...) for ROUNDS rounds of STEPS
+timed steps each,
 one compute thread per rank, all under hvdtrain's runtime defaults (``hvt.init()``
-applies them to the process). The non-finite check of the default contender is also
-timed on its own (wall time of its two parts per step), since the difference of two
-noisy step times is a poor measure of 0.1 ms. Rank 0 prints ``RESULT {json}`` with
-each round's median step time per contender and the median time of one check.
+applies them to the process). The non-finite checks of the default contender and of
+the old way are also timed on their own (wall time of their parts per step), since the
+difference of two noisy step times is a poor measure of 0.1 ms. Rank 0 prints
+``RESULT {json}`` with each round's median step time per contender and the median time
+of one check each way.
 """
 
 import json
@@ -35,10 +38,10 @@ def contender(wrap):
     return model, optimizer
 
 
-def time_the_check(optimizer) -> dict[str, list[float]]:
-    """Make ``optimizer`` record how long each part of its non-finite check takes: the
-    L2 bound it computes before the allreduce and the look at the reduced bound after."""
-    times = {"bound": [], "look": []}
+def time_the_check(optimizer, parts: dict[str, str]) -> dict[str, list[float]]:
+    """Make ``optimizer`` record the wall time of each part of its non-finite check:
+    ``parts`` maps a part's name to the optimizer method that does it."""
+    times = {part: [] for part in parts}
 
     def timed(method, part):
         def call(*args, **kwargs):
@@ -48,9 +51,14 @@ def time_the_check(optimizer) -> dict[str, list[float]]:
             return result
         return call
 
-    optimizer._bound_gradients = timed(optimizer._bound_gradients, "bound")
-    optimizer._bound_proves_finite = timed(optimizer._bound_proves_finite, "look")
+    for part, method in parts.items():
+        setattr(optimizer, method, timed(getattr(optimizer, method), part))
     return times
+
+
+def median_total(times: dict[str, list[float]]) -> float:
+    """The median time of one check: the sum of its parts' medians."""
+    return sum(statistics.median(part) for part in times.values())
 
 
 def without_the_bound(optimizer):
@@ -83,8 +91,18 @@ def main() -> None:
             lambda o, n: hvt.DistributedOptimizer(o, n, check_nonfinite=False)),
         "hvdtrain_read_check": contender(
             lambda o, n: without_the_bound(hvt.DistributedOptimizer(o, n))),
+        # skip_nonfinite=True: the bound makes the skip decision without a vote collective
+        "hvdtrain_skip": contender(
+            lambda o, n: hvt.DistributedOptimizer(o, n, skip_nonfinite=True)),
+        "hvdtrain_skip_read_vote": contender(
+            lambda o, n: without_the_bound(hvt.DistributedOptimizer(o, n, skip_nonfinite=True))),
     }
-    check_times = time_the_check(contenders["hvdtrain"][1])
+    # The bound taken before the allreduce and the look at it after; the old way reads
+    # the averaged gradients after the allreduce.
+    check_times = time_the_check(contenders["hvdtrain"][1], {
+        "bound": "_bound_gradients", "look": "_bound_proves_finite"})
+    read_check_times = time_the_check(contenders["hvdtrain_read_check"][1], {
+        "read": "_first_nonfinite_gradient"})
     names = list(contenders)
     medians = {name: [] for name in contenders}
     for round_number in range(rounds):
@@ -95,8 +113,8 @@ def main() -> None:
     if hvt.rank() == 0:
         print("RESULT " + json.dumps({"round_medians_s": medians, "model": "MLP 784-512-512-10",
                                       "batch_per_worker": BATCH_PER_WORKER["mlp"],
-                                      "check_s": sum(statistics.median(part) for part
-                                                     in check_times.values()),
+                                      "check_s": median_total(check_times),
+                                      "read_check_s": median_total(read_check_times),
                                       "workers": hvt.size()}), flush=True)
 
 
