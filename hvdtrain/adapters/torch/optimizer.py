@@ -35,6 +35,12 @@ __all__ = ["DistributedOptimizer", "NonFiniteGradientError"]
 _HOROVOD_COMPRESSION = {None: Compression.none, "fp16": Compression.fp16,
                         "bf16": Compression.none}
 
+# Two numbers ride behind the gradients in each flat allreduce: each rank's 1, which
+# the reduction turns into the number of ranks that sent gradients (a rank that called
+# join() sends zeros), and the L2 norm of its gradients, which becomes a bound on every
+# reduced element, so the non-finite check reads two numbers instead of every gradient.
+_TALLY = 2
+
 
 def DistributedOptimizer(
     optimizer: torch.optim.Optimizer,
@@ -362,9 +368,8 @@ class _CheckedAveraging:
 
     def _bound_gradients(self, gradients: torch.Tensor, out: torch.Tensor) -> None:
         """Write the L2 norm of ``gradients`` (at least their largest magnitude, NaN if any
-        is NaN) to ``out``, computed while the copy is still in cache; infinity (no
-        bound) when the check is off or the wire format is lossy (fp16 could overflow
-        below the bound)."""
+        is NaN) to ``out``; infinity (no bound) when the check is off or the wire format
+        is lossy (fp16 could overflow below the bound)."""
         if self.check_nonfinite and self._compression is Compression.none:
             # BLAS's dot reads the buffer at sum's speed; vector_norm is several times slower.
             torch.dot(gradients, gradients, out=out)
@@ -426,13 +431,6 @@ class _CheckedAveraging:
             return _HorovodOptimizer._allreduce_grad_async(self, parameter)
         return _bf16_allreduce_async(parameter.grad, self._parameter_names.get(parameter),
                                      self.op), None
-
-
-# Two numbers ride behind the gradients in each flat allreduce: each rank's 1, which
-# the reduction turns into the number of ranks that sent gradients (a rank that called
-# join() sends zeros), and the L2 norm of its gradients, which becomes a bound on every
-# reduced element, so the non-finite check reads two numbers instead of every gradient.
-_TALLY = 2
 
 
 def _distributed_class(base: type) -> type:
