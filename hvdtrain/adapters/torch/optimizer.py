@@ -19,27 +19,22 @@ from horovod.torch.optimizer import _DistributedOptimizer as _HorovodOptimizer
 from hvdtrain import watchdog
 from hvdtrain.adapters.torch._horovod import require_initialized
 from hvdtrain.adapters.torch.agreement import check_start_agreement, named_parameters_of
+from hvdtrain.adapters.torch.compression import (
+    HOROVOD_COMPRESSION,
+    bf16_allreduce_async,
+    compression_name,
+)
+from hvdtrain.adapters.torch.tally import flat_with_tally, read_tally, write_bound
 from hvdtrain.consistency import software_versions
 from hvdtrain.nonfinite import NonFiniteGradientError, nonfinite_gradient_message
 from hvdtrain.runtime import elastic_job
 from hvdtrain.validation import (
-    require_compression,
     require_instance,
     require_positive_int,
     require_positive_number,
 )
 
 __all__ = ["DistributedOptimizer", "NonFiniteGradientError"]
-
-# bf16 travels through Horovod's allgather (_bf16_allreduce_async), so Horovod sees none.
-_HOROVOD_COMPRESSION = {None: Compression.none, "fp16": Compression.fp16,
-                        "bf16": Compression.none}
-
-# Two numbers ride behind the gradients in each flat allreduce: each rank's 1, which
-# the reduction turns into the number of ranks that sent gradients (a rank that called
-# join() sends zeros), and the L2 norm of its gradients, which becomes a bound on every
-# reduced element, so the non-finite check reads two numbers instead of every gradient.
-_TALLY = 2
 
 
 def DistributedOptimizer(
@@ -130,7 +125,7 @@ def DistributedOptimizer(
                      "a torch.optim.Optimizer, e.g. torch.optim.SGD(model.parameters(), lr=0.1)")
     named = named_parameters_of(optimizer, named_parameters)
     require_initialized("DistributedOptimizer")
-    compression = _compression_name(compression)
+    compression = compression_name(compression)
     require_positive_int("backward_passes_per_step", backward_passes_per_step)
     if op not in (Average, Sum, Adasum):
         raise ValueError("op must be hvt.Average, hvt.Sum or hvt.Adasum")
@@ -178,7 +173,7 @@ def DistributedOptimizer(
         })
     if op == Adasum:
         return _hvd.DistributedOptimizer(optimizer, named,
-                                         compression=_HOROVOD_COMPRESSION[compression], op=Adasum,
+                                         compression=HOROVOD_COMPRESSION[compression], op=Adasum,
                                          process_set=process_set)
     return _distributed_class(type(optimizer))(
         optimizer, named, compression=compression,
@@ -207,7 +202,7 @@ class _CheckedAveraging:
                  process_set: ProcessSet) -> None:
         self.overlap = overlap  # read by _make_hook, which Horovod's __init__ calls
         _HorovodOptimizer.__init__(self, optimizer.param_groups, named_parameters,
-                                   _HOROVOD_COMPRESSION[compression], backward_passes_per_step,
+                                   HOROVOD_COMPRESSION[compression], backward_passes_per_step,
                                    op, gradient_predivide_factor, groups, sparse_as_dense,
                                    process_set)
         self.defaults = optimizer.defaults  # Horovod rebuilds with the class's defaults
@@ -320,7 +315,8 @@ class _CheckedAveraging:
         predivide = self.gradient_predivide_factor if self.op == Average else 1.0
         pending = []
         for (dtype, device), parameters in by_kind.items():
-            flat = self._flat_with_tally(parameters, dtype, device)
+            flat = flat_with_tally([p.grad for p in parameters], dtype, device,
+                                   self._bound_gradients)
             wire, context = self._compression.compress(flat)
             handle = _hvd.allreduce_async_(wire, name=f"hvdtrain.gradients.{dtype}",
                                            op=self.op, prescale_factor=1.0 / predivide,
@@ -335,45 +331,27 @@ class _CheckedAveraging:
                 averaged = self._compression.decompress(_hvd.synchronize(handle), context)
                 if averaged is not flat:
                     flat.copy_(averaged)
-                gradients = flat[:-_TALLY]
-                contributors, bound = (value / unit for value in flat[-_TALLY:].tolist())
-                if self.op == Average and 0.5 <= contributors < self.process_set.size() - 0.5:
+                gradients, contributors, finite = read_tally(
+                    flat, unit, prescale=1.0 / predivide)
+                if self.op == Average and 0 < contributors < self.process_set.size():
                     # Ranks that called join() sent zeros; average over the others only.
-                    gradients.mul_(self.process_set.size() / round(contributors))
+                    gradients.mul_(self.process_set.size() / contributors)
                 offset = 0
                 for parameter in parameters:
                     size = parameter.numel()
                     parameter.grad = gradients[offset:offset + size].view_as(parameter)
                     offset += size
-                # The reduced elements are finite when the sum of the ranks' L2 norms
-                # is, with room for Horovod's scalings.
-                scaling = max(1.0, 1.0 / predivide, abs(unit))
-                finite = bound * scaling < torch.finfo(flat.dtype).max / 2
                 self._flat_gradients.append((gradients, parameters, finite))
         for parameter in self._allreduce_delay:
             self._allreduce_delay[parameter] = self.backward_passes_per_step
         self._handles.clear()
         self._synchronized = True
 
-    def _flat_with_tally(self, parameters: list[torch.Tensor], dtype: torch.dtype,
-                         device: torch.device) -> torch.Tensor:
-        """The gradients of ``parameters`` copied into one buffer, followed by the
-        tally (``_TALLY``): 1 and their L2 norm."""
-        size = sum(p.numel() for p in parameters)
-        flat = torch.empty(size + _TALLY, dtype=dtype, device=device)
-        torch.cat([p.grad.reshape(-1) for p in parameters], out=flat[:size])
-        flat[size] = 1
-        self._bound_gradients(flat[:size], out=flat[size + 1])
-        return flat
-
     def _bound_gradients(self, gradients: torch.Tensor, out: torch.Tensor) -> None:
-        """Write the L2 norm of ``gradients`` (at least their largest magnitude, NaN if any
-        is NaN) to ``out``; infinity (no bound) when the check is off or the wire format
-        is lossy (fp16 could overflow below the bound)."""
+        """The tally's bound: :func:`.tally.write_bound`, or infinity (no bound) when the
+        check is off or the wire format is lossy (fp16 could overflow below it)."""
         if self.check_nonfinite and self._compression is Compression.none:
-            # BLAS's dot reads the buffer at sum's speed; vector_norm is several times slower.
-            torch.dot(gradients, gradients, out=out)
-            out.sqrt_()
+            write_bound(gradients, out)
         else:
             out.fill_(float("inf"))
 
@@ -410,7 +388,7 @@ class _CheckedAveraging:
 
     def _bound_proves_finite(self) -> bool:
         """Whether the bounds reduced with the last flat allreduce prove every averaged
-        gradient finite (see ``_TALLY``)."""
+        gradient finite (see :mod:`.tally`)."""
         return bool(self._flat_gradients) and all(
             finite for *_, finite in self._flat_gradients)
 
@@ -429,7 +407,7 @@ class _CheckedAveraging:
     def _allreduce_grad_async(self, parameter):
         if not self._bf16 or parameter.grad is None or parameter.grad.is_sparse:
             return _HorovodOptimizer._allreduce_grad_async(self, parameter)
-        return _bf16_allreduce_async(parameter.grad, self._parameter_names.get(parameter),
+        return bf16_allreduce_async(parameter.grad, self._parameter_names.get(parameter),
                                      self.op), None
 
 
@@ -451,33 +429,3 @@ def _on_any_rank(condition: bool, process_set: ProcessSet) -> bool:
     with watchdog.guard("the non-finite gradient vote (hvdtrain.any_rank)"):
         return _hvd.allreduce(flag, op=Sum, name="hvdtrain.any_rank",
                               process_set=process_set).item() > 0
-
-
-def _bf16_allreduce_async(gradient: torch.Tensor, name: str, op) -> Any:
-    """Average (or sum) ``gradient`` across ranks with bfloat16 on the wire.
-
-    Horovod 0.28.1 has no bfloat16 reduction, so the bfloat16 bits travel as int16
-    through Horovod's allgather and each rank adds the ranks' values in rank order
-    in the gradient's own dtype: every rank gets the identical result.
-    """
-    bits = gradient.detach().to(torch.bfloat16).reshape(1, -1).view(torch.int16)
-    handle = _hvd.allgather_async(bits, name=f"{name}.bf16")
-
-    def reduced() -> torch.Tensor:
-        gathered = _hvd.synchronize(handle).view(torch.bfloat16).to(gradient.dtype)
-        total = gathered.sum(dim=0)
-        if op == Average:
-            total /= gathered.shape[0]
-        return total.view_as(gradient)
-
-    return reduced
-
-
-def _compression_name(compression: Any) -> str | None:
-    """hvdtrain's name for ``compression``, which may also be Horovod's object."""
-    if compression is Compression.none:
-        return None
-    if compression is Compression.fp16:
-        return "fp16"
-    require_compression(compression)
-    return compression
