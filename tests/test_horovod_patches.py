@@ -96,3 +96,17 @@ def test_0004_the_launchers_build_check_is_answered_from_the_cache_of_this_build
     cache.write_text(json.dumps({stale: False}))  # other binaries: asked again
     assert ask()[0] == "True"
     assert json.loads(cache.read_text()) == {stale: False, key: True}
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_0005_tensorflow_join_waits_for_the_other_ranks_every_time(controller):
+    """Unpatched, TensorFlow ran Horovod's join op once per process in eager mode: rank 1's
+    second join returned at once while rank 0 still had a step to go (Horovod's trace log
+    showed no join enqueued). Patched, rank 1 waits for rank 0's late step in every epoch,
+    and that step sums rank 0's 1 alone."""
+    rank0, rank1 = sorted(reports(launch("horovod_tf_join.py", controller=controller)
+                                  .check()), key=lambda report: report["rank"])
+    assert all(wait >= 0.4 for wait in rank1["joins_s"]), rank1
+    assert len(rank1["joins_s"]) == 3
+    assert rank0["counts"] == [2.0, 2.0, 1.0] * 3
+    assert rank1["counts"] == [2.0, 2.0] * 3

@@ -105,6 +105,11 @@ class DistributedGradientTape:
     workers is applied with one allreduce per update (a tape lives for one step; the
     accumulation belongs to the optimizer that applies it).
 
+    Shares of different lengths: a rank that runs out calls :func:`join` and sends zeros
+    to the others' allreduces, whose average then divides by the ranks that sent
+    gradients; afterwards broadcast the state of the last rank to join
+    (``broadcast_variables(variables, root_rank=int(join()))``).
+
     Example::
 
         with tf.GradientTape() as tape:

@@ -7,12 +7,17 @@ The launches, shared by tests/adapters/test_keras_*.py: conftest.py's ``keras_ru
 
 import numpy as np
 import pytest
+from harness import max_difference
 from workers.keras_common import (
     EPOCHS,
+    JOIN_BATCHES,
+    JOIN_EPOCHS,
     STEPS_PER_EPOCH,
+    join_schedule,
     loss,
     make_model,
     make_validation_data,
+    reference_join_fit,
     schedule,
     use_floatx,
 )
@@ -87,3 +92,31 @@ def test_metric_average_weighted_by_examples_equals_one_process_on_uneven_valida
         assert report["weighted"]["val_accuracy"] == pytest.approx(expected_accuracy,
                                                                    rel=1e-10)
     assert rank0["unweighted"]["val_loss"] != pytest.approx(expected_loss, rel=1e-6)
+
+
+def test_join_at_epoch_end_trains_uneven_shares_like_one_process(keras_run):
+    """Shares of 3 and 2 batches for 2 epochs: the third step of each epoch averages rank
+    0's batch alone, as one process on the blocks that remain does (plain Horovod would
+    halve it); both ranks end every epoch identical, with the schedule's rates for an
+    epoch of 3 steps, and the epoch loss weighted by examples is one process's."""
+    check_join_uneven(keras_run, 1e-10)
+
+
+def test_join_at_epoch_end_on_the_torch_backend(keras_torch_run):
+    """The same on Keras's torch backend (float32 losses: see test_keras_optimizer.py)."""
+    check_join_uneven(keras_torch_run, 1e-5)
+
+
+def check_join_uneven(run, tolerance: float) -> None:
+    reference, reference_loss = reference_join_fit()
+    for rank in (0, 1):
+        assert max_difference(run.arrays("join_uneven", rank), reference) <= tolerance
+    rank0, rank1 = run.both("join_uneven")
+    assert rank0["epoch_sums"] == rank1["epoch_sums"]
+    assert rank0["steps"] == rank1["steps"] == JOIN_EPOCHS * max(JOIN_BATCHES)
+    plan, epoch = join_schedule(), max(JOIN_BATCHES)
+    for report, batches in zip((rank0, rank1), JOIN_BATCHES, strict=True):
+        assert report["lrs"] == [plan.lr_at(e * epoch + b) for e in range(JOIN_EPOCHS)
+                                 for b in range(batches)]
+    for report in (rank0, rank1):
+        assert report["loss"] == pytest.approx(reference_loss, rel=tolerance)

@@ -10,6 +10,7 @@ from workers.keras_common import (
     STEPS_PER_EPOCH,
     reference_accumulated_fit,
     reference_custom_loop,
+    reference_join_fit,
     schedule,
     use_floatx,
 )
@@ -31,6 +32,17 @@ def test_the_tape_stops_every_rank_on_a_nonfinite_average_unless_told_not_to(ker
         assert "worker-averaged gradient holds NaN or Inf at optimizer step" in report["error"]
         assert "check_nonfinite=False" in report["error"]
         assert report["passed_through"]
+
+
+def test_uneven_shares_in_a_custom_loop_with_join_equal_one_process(keras_run):
+    """Shares of 3 and 2 batches, 2 epochs: the tape's average divides by the ranks that
+    sent gradients (rank 0 alone on each epoch's third step) and the state of the last
+    rank to join, broadcast after ``hvtf.join()``, starts the next epoch."""
+    reference, _ = reference_join_fit(warmup=False)
+    for rank in (0, 1):
+        assert max_difference(keras_run.arrays("custom_loop_join", rank), reference) <= 1e-10
+    rank0, rank1 = keras_run.both("custom_loop_join")
+    assert rank0["after"] == rank1["after"]
 
 
 def test_micro_batches_accumulate_in_a_custom_loop_like_one_process(keras_run):

@@ -18,9 +18,11 @@ from keras_common import (
     EPOCHS,
     ETA,
     HOROVOD_LR,
+    JOIN_EPOCHS,
     STEPS_PER_EPOCH,
     WARMUP_EPOCHS,
     LossScaleRecorder,
+    join_shares,
     loss,
     make_batch_norm_model,
     make_data,
@@ -351,6 +353,22 @@ def scenario_failures() -> None:
            finite_after_skip=finite_after_skip)
 
 
+def tape_step(model: keras.Model, optimizer: keras.optimizers.Optimizer):
+    """A tf.function training step through DistributedGradientTape: (x, y) -> None."""
+    import tensorflow as tf
+
+    import hvdtrain.adapters.tensorflow as hvtf
+
+    @tf.function
+    def train_step(xb, yb):
+        with tf.GradientTape() as tape:
+            value = loss()(yb, model(xb, training=True))
+        grads = hvtf.DistributedGradientTape(tape).gradient(value, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+
+    return train_step
+
+
 def scenario_custom_loop() -> None:
     import tensorflow as tf
 
@@ -368,13 +386,7 @@ def scenario_custom_loop() -> None:
     hvtf.broadcast_variables(model.variables + optimizer.variables)
     first = weights_checksum(model)
 
-    @tf.function
-    def train_step(xb, yb):
-        with tf.GradientTape() as tape:
-            value = loss()(yb, model(xb, training=True))
-        grads = hvtf.DistributedGradientTape(tape).gradient(value, model.trainable_variables)
-        optimizer.apply(grads, model.trainable_variables)
-
+    train_step = tape_step(model, optimizer)
     lrs = []
     for step in range(EPOCHS * STEPS_PER_EPOCH):
         lrs.append(float(optimizer.learning_rate.numpy()))
@@ -384,6 +396,32 @@ def scenario_custom_loop() -> None:
     hvtf.verify_replicas(model.variables + optimizer.variables)
     report("custom_loop", first=first, lrs=lrs, after=weights_checksum(model))
     save("custom_loop", model)
+
+
+def scenario_custom_loop_join() -> None:
+    """DistributedGradientTape on shares of 3 and 2 batches, at η: after its last batch of
+    each epoch a rank joins, then every rank takes the state of the last rank to join."""
+    import tensorflow as tf
+
+    import hvdtrain.adapters.tensorflow as hvtf
+
+    use_floatx("float64")
+    x, y = join_shares(hvtf.rank())
+    model = make_model(seed=123 if hvtf.rank() == 0 else 999)
+    optimizer = make_optimizer("sgd")
+    optimizer.build(model.trainable_variables)
+    hvtf.broadcast_variables(model.variables + optimizer.variables)
+
+    train_step = tape_step(model, optimizer)
+    for _ in range(JOIN_EPOCHS):
+        for start in range(0, len(x), BATCH_PER_WORKER):
+            rows = slice(start, start + BATCH_PER_WORKER)
+            train_step(tf.constant(x[rows]), tf.constant(y[rows]))
+        hvtf.broadcast_variables(model.variables + optimizer.variables,
+                                 root_rank=int(hvtf.join()))
+    hvtf.verify_replicas(model.variables + optimizer.variables)
+    report("custom_loop_join", after=weights_checksum(model))
+    save("custom_loop_join", model)
 
 
 def scenario_uneven_validation() -> None:
@@ -405,6 +443,30 @@ def scenario_uneven_validation() -> None:
         logs[str(weighted)] = {key: values[-1] for key, values in history.history.items()}
     save("uneven_validation", model)
     report("uneven_validation", shares=len(xv), weighted=logs["True"], unweighted=logs["False"])
+
+
+def scenario_join_uneven() -> None:
+    """Shares of 3 and 2 batches with JoinAtEpochEnd, put last in callbacks (it joins
+    after the last batch, before any on_epoch_end), with the schedule, the metric average
+    weighted by examples and the replica check."""
+    use_floatx("float64")
+    x, y = join_shares(hvk.rank())
+    model = make_model(seed=123 if hvk.rank() == 0 else 999)
+    model.compile(optimizer=hvk.DistributedOptimizer(make_optimizer("sgd")), loss=loss(),
+                  jit_compile=False)
+    recorder = Recorder()
+    history = model.fit(
+        x, y, batch_size=BATCH_PER_WORKER, epochs=JOIN_EPOCHS, shuffle=False, verbose=0,
+        callbacks=[hvk.BroadcastInitialState(),
+                   hvk.LinearScalingWarmup(batch_size_per_worker=BATCH_PER_WORKER,
+                                           base_batch_size=BATCH_PER_WORKER,
+                                           warmup_epochs=WARMUP_EPOCHS),
+                   hvk.MetricAverage(examples=len(x)), recorder, hvk.ReplicaCheck(),
+                   hvk.JoinAtEpochEnd()])
+    save("join_uneven", model)
+    report("join_uneven", lrs=recorder.lrs, loss=history.history["loss"],
+           epoch_sums=recorder.epoch_sums,
+           steps=int(keras.ops.convert_to_numpy(model.optimizer.iterations)))
 
 
 def scenario_partial_distributed() -> None:
@@ -497,6 +559,7 @@ def main() -> None:
         "adam": functools.partial(fit, "adam", "adam"),
         "sgd_accumulate": functools.partial(fit, "sgd_accumulate", "sgd", passes=2),
         "sync_batch_norm": scenario_sync_batch_norm,
+        "join_uneven": scenario_join_uneven,
     }
     if TENSORFLOW:
         scenarios.update({
@@ -514,6 +577,7 @@ def main() -> None:
             "failures": scenario_failures,
             "custom_loop": scenario_custom_loop,
             "custom_loop_checks": scenario_custom_loop_checks,
+            "custom_loop_join": scenario_custom_loop_join,
             "uneven_validation": scenario_uneven_validation,
             "partial_distributed": scenario_partial_distributed,
             "accumulate_nonfinite": scenario_accumulate_nonfinite,

@@ -102,6 +102,43 @@ def reference_fit(kind: str, passes: int = 1) -> list[np.ndarray]:
     return model.get_weights()
 
 
+# The uneven-shares (JoinAtEpochEnd) scenario: batches per epoch of each rank, taken in
+# order from make_data()'s global batches (rank r's block of each), for JOIN_EPOCHS.
+JOIN_BATCHES = (3, 2)
+JOIN_EPOCHS = 2
+
+
+def join_shares(rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rank ``rank``'s share in the uneven-shares scenario."""
+    x, y = shard(*make_data(), rank)
+    rows = JOIN_BATCHES[rank] * BATCH_PER_WORKER
+    return x[:rows], y[:rows]
+
+
+def join_schedule() -> LinearScalingSchedule:
+    """The rule for the uneven shares: an epoch is the longest share's batches."""
+    return LinearScalingSchedule(
+        base_lr=ETA["sgd"], batch_size_per_worker=BATCH_PER_WORKER, world_size=WORKERS,
+        steps_per_epoch=max(JOIN_BATCHES), base_batch_size=BATCH_PER_WORKER,
+        warmup_epochs=WARMUP_EPOCHS)
+
+
+def reference_join_fit(warmup: bool = True) -> tuple[list[np.ndarray], list[float]]:
+    """One process on the uneven shares: each step's batch is the blocks of the ranks that
+    still have one (make_data()'s rows in order, as the shares were cut), at the rule's
+    rate (``warmup``) or at η. Returns the final weights and each epoch's training loss."""
+    use_floatx("float64")
+    x, y = make_data()
+    rows = sum(JOIN_BATCHES) * BATCH_PER_WORKER  # steps 0-1 whole, then rank 0's block
+    model = make_model()
+    model.compile(optimizer=make_optimizer("sgd"), loss=loss(), jit_compile=False)
+    history = model.fit(x[:rows], y[:rows], batch_size=BATCH_PER_WORKER * WORKERS,
+                        epochs=JOIN_EPOCHS, shuffle=False, verbose=0,
+                        callbacks=[_ReferenceRate(join_schedule(), correct_momentum=True)]
+                        if warmup else [])
+    return model.get_weights(), history.history["loss"]
+
+
 def reference_custom_loop(steps: int = EPOCHS * STEPS_PER_EPOCH) -> list[np.ndarray]:
     """One process, plain SGD with momentum, rate set to the schedule each step."""
     import tensorflow as tf

@@ -13,7 +13,7 @@ module per concern:
   atomically; rank 0 reads and every rank gets the model).
 - :mod:`.callbacks`: :class:`BroadcastInitialState`, :class:`LinearScalingWarmup`,
   :class:`MetricAverage`, :class:`ReplicaCheck`, :class:`CollectiveWatchdog`,
-  :class:`ModelCheckpoint`.
+  :class:`ModelCheckpoint`, :class:`JoinAtEpochEnd` (shares of different sizes).
 - :mod:`.state`: :func:`verify_replicas`.
 - :mod:`.sync_batch_normalization`: :class:`SyncBatchNormalization` (batch statistics
   of the global batch).
@@ -56,6 +56,7 @@ from hvdtrain.adapters.keras import callbacks, collectives, elastic
 from hvdtrain.adapters.keras.callbacks import (
     BroadcastInitialState,
     CollectiveWatchdog,
+    JoinAtEpochEnd,
     LinearScalingWarmup,
     MetricAverage,
     ModelCheckpoint,
@@ -71,9 +72,9 @@ from hvdtrain.runtime import init_horovod
 
 __all__ = [
     "Adasum", "Average", "BroadcastInitialState", "CollectiveWatchdog", "Compression",
-    "DistributedOptimizer", "LinearScalingWarmup", "MetricAverage", "ModelCheckpoint",
-    "PartialDistributedOptimizer", "ProcessSet", "RankDisagreementError", "ReplicaCheck",
-    "ReplicaMismatchError", "Sum", "SyncBatchNormalization",
+    "DistributedOptimizer", "JoinAtEpochEnd", "LinearScalingWarmup", "MetricAverage",
+    "ModelCheckpoint", "PartialDistributedOptimizer", "ProcessSet", "RankDisagreementError",
+    "ReplicaCheck", "ReplicaMismatchError", "Sum", "SyncBatchNormalization",
     "add_process_set", "allgather", "allgather_object", "allreduce", "alltoall", "broadcast",
     "broadcast_object", "callbacks", "ccl_built", "cross_rank", "cross_size", "cuda_built",
     "ddl_built", "elastic", "global_process_set", "gloo_built", "gloo_enabled",

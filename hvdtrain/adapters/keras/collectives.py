@@ -82,12 +82,17 @@ def average_gradients(grads: Sequence[Any], compression: str | None, op: Any, *,
     ``prescale`` multiplies each rank's gradients before the reduction and
     ``postscale`` the result (Horovod's factors); ``process_set`` limits the reduction
     to its ranks (None: every rank).
+
+    An average (without "bf16") sends a 1 with the gradients, which counts the ranks that
+    sent gradients: a rank that has called Horovod's ``join()`` sends zeros, and the
+    average is then taken over the others only, as one process on their batches would.
     """
     present = [i for i, g in enumerate(grads) if g is not None]
     if not present:
         return list(grads)
     tensors = [_dense(grads[i]) for i in present]
     within = {} if process_set is None else {"process_set": process_set}
+    hvd = horovod()
     if compression == "bf16":
         if prescale != 1.0:
             tensors = [t * prescale for t in tensors]
@@ -95,15 +100,35 @@ def average_gradients(grads: Sequence[Any], compression: str | None, op: Any, *,
         if postscale != 1.0:
             reduced = [t * postscale for t in reduced]
     else:
-        hvd = horovod()
+        counted = op == hvd.Average
+        if counted:
+            tensors.append(ops.ones((), dtype=tensors[0].dtype))
         codec = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
         reduced = hvd.grouped_allreduce(tensors, op=op, compression=codec,
                                         prescale_factor=prescale, postscale_factor=postscale,
                                         name="hvdtrain.gradients", **within, **_UNSCOPED)
+        if counted:
+            ranks = (process_set or hvd.global_process_set).size()
+            reduced = _over_contributors(reduced[:-1], reduced[-1],
+                                         prescale * postscale / ranks, ranks)
     result = list(grads)
     for i, tensor in zip(present, reduced, strict=True):
         result[i] = tensor
     return result
+
+
+def _over_contributors(averaged: list[Any], count: Any, unit: float, ranks: int) -> list[Any]:
+    """``averaged`` (the sum over ``ranks``, scaled by ``unit``) re-divided by the number
+    of ranks that contributed, which the reduced ``count`` (their 1s, scaled by ``unit``)
+    tells; unchanged when every rank did (the usual case: no pass over the gradients)."""
+    contributors = ops.cast(count, "float32") / unit
+    partial = ops.less(contributors, ranks - 0.5)
+
+    def rescale() -> list[Any]:
+        factor = ranks / ops.maximum(contributors, 1.0)
+        return [g * ops.cast(factor, g.dtype) for g in averaged]
+
+    return ops.cond(partial, rescale, lambda: list(averaged))
 
 
 def require_finite(grads: Sequence[Any], step: Any, remedy: str = SKIP_REMEDY) -> list[Any]:
@@ -228,8 +253,13 @@ def average_numbers(values: Mapping[str, float],
     (:func:`hvdtrain.metrics.average_by_key`: different names raise ValueError),
     weighted by ``weights`` (each rank's examples per name) when given."""
     mine = {key: float(value) for key, value in values.items()}
-    return average_gathered(watchdog.watched_allgather(_allgather_object, (mine, weights),
-                                                       "hvdtrain.metrics"))
+    return average_gathered(gather_objects((mine, weights), "hvdtrain.metrics"))
+
+
+def gather_objects(value: Any, name: str) -> list[Any]:
+    """Every rank's picklable ``value``, in rank order (Horovod's object allgather, watched
+    by the collective watchdog); ``name`` pairs the collective across ranks."""
+    return watchdog.watched_allgather(_allgather_object, value, name)
 
 
 def _allgather_object(value: Any, name: str) -> list[Any]:

@@ -246,6 +246,7 @@ def _loss_scale_class(base: type, reduction: _Reduction) -> type:
         def apply(self, grads, trainable_variables=None):
             return super().apply(reduction.apply(list(grads)), trainable_variables)
 
+    DistributedLossScale._hvdtrain_reduction = reduction
     _name_like(DistributedLossScale, base)
     return DistributedLossScale
 
@@ -327,5 +328,6 @@ def _distributed_class(base: type, reduction: _Reduction, skip_nonfinite: bool) 
                                                        initializer="zeros")
 
     Distributed._hvdtrain_distributed = True
+    Distributed._hvdtrain_reduction = reduction
     _name_like(Distributed, base)
     return Distributed

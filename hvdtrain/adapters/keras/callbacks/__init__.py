@@ -6,6 +6,7 @@ from hvdtrain.adapters.keras.callbacks.broadcast_initial_state import (
     BroadcastInitialState,
 )
 from hvdtrain.adapters.keras.callbacks.collective_watchdog import CollectiveWatchdog
+from hvdtrain.adapters.keras.callbacks.join_at_epoch_end import JoinAtEpochEnd
 from hvdtrain.adapters.keras.callbacks.learning_rate_schedule import (
     LearningRateScheduleCallback,
     LearningRateWarmupCallback,
@@ -16,5 +17,6 @@ from hvdtrain.adapters.keras.callbacks.model_checkpoint import ModelCheckpoint
 from hvdtrain.adapters.keras.callbacks.replica_check import ReplicaCheck
 
 __all__ = ["BroadcastGlobalVariablesCallback", "BroadcastInitialState", "CollectiveWatchdog",
-           "LearningRateScheduleCallback", "LearningRateWarmupCallback", "LinearScalingWarmup",
-           "MetricAverage", "MetricAverageCallback", "ModelCheckpoint", "ReplicaCheck"]
+           "JoinAtEpochEnd", "LearningRateScheduleCallback", "LearningRateWarmupCallback",
+           "LinearScalingWarmup", "MetricAverage", "MetricAverageCallback", "ModelCheckpoint",
+           "ReplicaCheck"]

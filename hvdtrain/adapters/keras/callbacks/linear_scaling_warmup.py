@@ -33,7 +33,9 @@ class LinearScalingWarmup(keras.callbacks.Callback):
     ``momentum_correction`` the velocity slots are multiplied by new_lr/old_lr whenever
     the rate changes (Goyal et al. §3, remark 2); other optimizers are left alone.
     Resumes with ``fit(initial_epoch=...)``; when continuing a model whose optimizer
-    already holds a scaled rate, pass ``base_lr`` (η) explicitly.
+    already holds a scaled rate, pass ``base_lr`` (η) explicitly. When the workers'
+    shares give them different numbers of batches (:class:`JoinAtEpochEnd`), an epoch
+    is the longest share's.
 
     In an elastic job (:mod:`hvdtrain.adapters.keras.elastic`) the callback keeps its
     progress across ``fit`` calls and resets: give it to the ``KerasState``, which
@@ -106,6 +108,11 @@ class LinearScalingWarmup(keras.callbacks.Callback):
             raise TypeError("the optimizer's learning rate is a LearningRateSchedule; give it a "
                             "float learning rate (η) for LinearScalingWarmup to drive")
         batches = self.steps_per_epoch or self.params.get("steps")
+        if not self.steps_per_epoch and not elastic_job():
+            # Shares may give the workers different numbers of batches (JoinAtEpochEnd):
+            # the job's epoch is the longest.
+            shares = collectives.gather_objects(batches, "hvdtrain.warmup.batches")
+            batches = None if None in shares else max(shares)
         if not batches:
             raise ValueError("LinearScalingWarmup needs steps_per_epoch: fit does not know the "
                              "number of batches per epoch for this data; pass steps_per_epoch=")

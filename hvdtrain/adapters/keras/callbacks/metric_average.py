@@ -19,7 +19,8 @@ class MetricAverage(keras.callbacks.Callback):
     evenly: evaluation needs no collective per batch, so shares may differ), give the
     number of examples of this worker's share: each worker's mean then counts in
     proportion, and the result is the mean over all the examples, as one process
-    would compute it. (Training shares must give every worker as many batches.)
+    would compute it. Training shares that give the workers different numbers of
+    batches need :class:`JoinAtEpochEnd`.
 
     Args:
         examples: this worker's training examples (weights the training metrics).
