@@ -1,7 +1,7 @@
 """Step time of hvdtrain's Keras DistributedOptimizer against a bare allreduce-in-apply
-optimizer, on every rank: ``python keras_overhead_worker.py ROUNDS STEPS``.
+optimizer, on every rank: ``python keras_overhead_worker.py ROUNDS STEPS [MODEL]``.
 
-Two copies of the MLP (keras_models.py) are compiled, one with
+Two copies of MODEL (keras_models.py; default the MLP) are compiled, one with
 ``hvk.DistributedOptimizer(SGD)``, one with an SGD whose ``apply`` averages the
 gradients with one Horovod grouped allreduce (the least a Keras 3 user would write),
 and trained alternately (A B, B A, ...) with ``train_on_batch`` for ROUNDS rounds of
@@ -33,8 +33,8 @@ class AllreduceInApplySGD(keras.optimizers.SGD):
         return super().apply(averaged, trainable_variables)
 
 
-def compiled(optimizer) -> keras.Model:
-    model = make_model("mlp")
+def compiled(name: str, optimizer) -> keras.Model:
+    model = make_model(name)
     model.compile(optimizer=optimizer, loss=loss(), jit_compile=False)
     return model
 
@@ -50,12 +50,14 @@ def step_times(model, x, y, steps: int) -> list[float]:
 
 def main() -> None:
     rounds, steps = int(sys.argv[1]), int(sys.argv[2])
+    model_name = sys.argv[3] if len(sys.argv) > 3 else "mlp"
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     hvk.init()
-    x, y = make_data("mlp", hvk.rank(), 1)
-    contenders = {"allreduce_in_apply": compiled(AllreduceInApplySGD(0.01, momentum=0.9)),
-                  "hvdtrain": compiled(hvk.DistributedOptimizer(
+    x, y = make_data(model_name, hvk.rank(), 1)
+    contenders = {"allreduce_in_apply": compiled(model_name,
+                                                 AllreduceInApplySGD(0.01, momentum=0.9)),
+                  "hvdtrain": compiled(model_name, hvk.DistributedOptimizer(
                       keras.optimizers.SGD(0.01, momentum=0.9)))}
     names = list(contenders)
     medians = {name: [] for name in names}
@@ -64,8 +66,8 @@ def main() -> None:
             step_times(contenders[name], x, y, WARMUP_STEPS)
             medians[name].append(statistics.median(step_times(contenders[name], x, y, steps)))
     if hvk.rank() == 0:
-        print("RESULT " + json.dumps({"round_medians_s": medians, "model": "MLP 784-512-512-10",
-                                      "batch_per_worker": BATCH_PER_WORKER["mlp"],
+        print("RESULT " + json.dumps({"round_medians_s": medians, "model": model_name,
+                                      "batch_per_worker": BATCH_PER_WORKER[model_name],
                                       "workers": hvk.size()}), flush=True)
 
 

@@ -1,7 +1,7 @@
 """Step time of hvdtrain's PyTorch DistributedOptimizer against raw Horovod's, on every
-rank: ``python overhead_worker.py ROUNDS STEPS``.
+rank: ``python overhead_worker.py ROUNDS STEPS [MODEL]``.
 
-Six copies of the MLP (models.py), wrapped by ``horovod.torch.DistributedOptimizer``,
+Six copies of MODEL (models.py; default the MLP), wrapped by ``horovod.torch.DistributedOptimizer``,
 by ``hvdtrain.adapters.torch.DistributedOptimizer`` (default: with the non-finite
 check), by the latter with ``check_nonfinite=False``, by the latter checking the old
 way (reading every averaged gradient instead of the bound carried in the allreduce),
@@ -31,8 +31,8 @@ import hvdtrain.adapters.torch as hvt
 WARMUP_STEPS = 3
 
 
-def contender(wrap):
-    model = make_model("mlp")
+def contender(name: str, wrap):
+    model = make_model(name)
     optimizer = wrap(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
                      model.named_parameters())
     return model, optimizer
@@ -81,20 +81,22 @@ def step_times(model, optimizer, x, y, steps: int) -> list[float]:
 
 def main() -> None:
     rounds, steps = int(sys.argv[1]), int(sys.argv[2])
+    name = sys.argv[3] if len(sys.argv) > 3 else "mlp"
     torch.set_num_threads(1)
     hvt.init()
-    x, y = make_batch("mlp", hvt.rank())
+    x, y = make_batch(name, hvt.rank())
     contenders = {
-        "horovod": contender(lambda o, n: hvd.DistributedOptimizer(o, named_parameters=n)),
-        "hvdtrain": contender(lambda o, n: hvt.DistributedOptimizer(o, n)),
+        "horovod": contender(name, lambda o, n: hvd.DistributedOptimizer(o, named_parameters=n)),
+        "hvdtrain": contender(name, lambda o, n: hvt.DistributedOptimizer(o, n)),
         "hvdtrain_unchecked": contender(
-            lambda o, n: hvt.DistributedOptimizer(o, n, check_nonfinite=False)),
+            name, lambda o, n: hvt.DistributedOptimizer(o, n, check_nonfinite=False)),
         "hvdtrain_read_check": contender(
-            lambda o, n: without_the_bound(hvt.DistributedOptimizer(o, n))),
+            name, lambda o, n: without_the_bound(hvt.DistributedOptimizer(o, n))),
         # skip_nonfinite=True: the bound makes the skip decision without a vote collective
         "hvdtrain_skip": contender(
-            lambda o, n: hvt.DistributedOptimizer(o, n, skip_nonfinite=True)),
+            name, lambda o, n: hvt.DistributedOptimizer(o, n, skip_nonfinite=True)),
         "hvdtrain_skip_read_vote": contender(
+            name,
             lambda o, n: without_the_bound(hvt.DistributedOptimizer(o, n, skip_nonfinite=True))),
     }
     # The bound taken before the allreduce and the look at it after; the old way reads
@@ -106,13 +108,14 @@ def main() -> None:
     names = list(contenders)
     medians = {name: [] for name in contenders}
     for round_number in range(rounds):
-        for name in rotated(names, round_number):
-            model, optimizer = contenders[name]
+        for contender_name in rotated(names, round_number):
+            model, optimizer = contenders[contender_name]
             step_times(model, optimizer, x, y, WARMUP_STEPS)
-            medians[name].append(statistics.median(step_times(model, optimizer, x, y, steps)))
+            medians[contender_name].append(
+                statistics.median(step_times(model, optimizer, x, y, steps)))
     if hvt.rank() == 0:
-        print("RESULT " + json.dumps({"round_medians_s": medians, "model": "MLP 784-512-512-10",
-                                      "batch_per_worker": BATCH_PER_WORKER["mlp"],
+        print("RESULT " + json.dumps({"round_medians_s": medians, "model": name,
+                                      "batch_per_worker": BATCH_PER_WORKER[name],
                                       "check_s": median_total(check_times),
                                       "read_check_s": median_total(read_check_times),
                                       "workers": hvt.size()}), flush=True)

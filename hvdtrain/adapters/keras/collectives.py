@@ -172,7 +172,13 @@ def sum_over_ranks(tensor: Any, name: str) -> Any:
 
 
 def _dense(gradient: Any) -> Any:
-    # Embedding layers give tf.IndexedSlices on TensorFlow; the allreduce needs a dense tensor.
+    """``gradient`` as a dense tensor. Embedding layers give tf.IndexedSlices on TensorFlow,
+    which keras.ops.convert_to_tensor keeps sparse, and Horovod would allgather them (no
+    allreduce, so no join and no count of contributors)."""
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.convert_to_tensor(gradient)
     return ops.convert_to_tensor(gradient)
 
 
