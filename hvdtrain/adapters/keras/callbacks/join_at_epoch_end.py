@@ -56,8 +56,8 @@ class JoinAtEpochEnd(keras.callbacks.Callback):
 def join_and_align(model: keras.Model) -> None:
     """Wait until every worker has called this (Horovod's ``join``: meanwhile this worker
     sends zeros to the others' allreduces), then give every worker the weights and
-    optimizer state of the one whose optimizer took the most steps (nothing is sent when
-    they all took as many)."""
+    optimizer state of the one whose optimizer took the most steps (no broadcast when they
+    all took as many). Horovod's join is global: every rank of the job must call it."""
     collectives.horovod().join()
     optimizer = model.optimizer
     steps = collectives.gather_objects(int(ops.convert_to_numpy(optimizer.iterations)),
