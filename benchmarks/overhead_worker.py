@@ -85,20 +85,17 @@ def main() -> None:
     torch.set_num_threads(1)
     hvt.init()
     x, y = make_batch(name, hvt.rank())
-    contenders = {
-        "horovod": contender(name, lambda o, n: hvd.DistributedOptimizer(o, named_parameters=n)),
-        "hvdtrain": contender(name, lambda o, n: hvt.DistributedOptimizer(o, n)),
-        "hvdtrain_unchecked": contender(
-            name, lambda o, n: hvt.DistributedOptimizer(o, n, check_nonfinite=False)),
-        "hvdtrain_read_check": contender(
-            name, lambda o, n: without_the_bound(hvt.DistributedOptimizer(o, n))),
+    wrappers = {
+        "horovod": lambda o, n: hvd.DistributedOptimizer(o, named_parameters=n),
+        "hvdtrain": lambda o, n: hvt.DistributedOptimizer(o, n),
+        "hvdtrain_unchecked": lambda o, n: hvt.DistributedOptimizer(o, n, check_nonfinite=False),
+        "hvdtrain_read_check": lambda o, n: without_the_bound(hvt.DistributedOptimizer(o, n)),
         # skip_nonfinite=True: the bound makes the skip decision without a vote collective
-        "hvdtrain_skip": contender(
-            name, lambda o, n: hvt.DistributedOptimizer(o, n, skip_nonfinite=True)),
-        "hvdtrain_skip_read_vote": contender(
-            name,
-            lambda o, n: without_the_bound(hvt.DistributedOptimizer(o, n, skip_nonfinite=True))),
+        "hvdtrain_skip": lambda o, n: hvt.DistributedOptimizer(o, n, skip_nonfinite=True),
+        "hvdtrain_skip_read_vote": lambda o, n: without_the_bound(
+            hvt.DistributedOptimizer(o, n, skip_nonfinite=True)),
     }
+    contenders = {label: contender(name, wrap) for label, wrap in wrappers.items()}
     # The bound taken before the allreduce and the look at it after; the old way reads
     # the averaged gradients after the allreduce.
     check_times = time_the_check(contenders["hvdtrain"][1], {

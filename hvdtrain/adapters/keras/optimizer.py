@@ -20,7 +20,8 @@ from hvdtrain.validation import (
     require_positive_number,
 )
 
-__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "make_distributed",
+__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "gradient_compression",
+           "make_distributed",
            "require_agreeing_loss_scaling"]
 
 
@@ -209,9 +210,21 @@ def require_agreeing_loss_scaling(optimizer: keras.optimizers.Optimizer | None) 
             "or give it keras.optimizers.LossScaleOptimizer(your_optimizer)")
 
 
+def gradient_compression(optimizer: keras.optimizers.Optimizer | None) -> str | None:
+    """The wire format of a distributed optimizer's gradients (None, "fp16" or "bf16");
+    None for any other optimizer."""
+    reduction = _reduction_of(optimizer)
+    return None if reduction is None else reduction.compression
+
+
+def _reduction_of(optimizer: keras.optimizers.Optimizer | None) -> _Reduction | None:
+    """How a distributed optimizer combines its gradients; None for any other."""
+    return getattr(type(optimizer), "_hvdtrain_reduction", None)
+
+
 def _is_distributed(optimizer: keras.optimizers.Optimizer) -> bool:
     """Whether ``optimizer`` is one of this module's distributed classes."""
-    return getattr(type(optimizer), "_hvdtrain_distributed", False)
+    return _reduction_of(optimizer) is not None
 
 
 def _mixed_float16() -> bool:
@@ -241,12 +254,11 @@ def _loss_scale_class(base: type, reduction: _Reduction) -> type:
     finite check (Keras calls ``apply`` once per update, before anything else)."""
 
     class DistributedLossScale(base):
-        _hvdtrain_distributed = True
+        _hvdtrain_reduction = reduction
 
         def apply(self, grads, trainable_variables=None):
             return super().apply(reduction.apply(list(grads)), trainable_variables)
 
-    DistributedLossScale._hvdtrain_reduction = reduction
     _name_like(DistributedLossScale, base)
     return DistributedLossScale
 
@@ -327,7 +339,6 @@ def _distributed_class(base: type, reduction: _Reduction, skip_nonfinite: bool) 
                 self.skipped_steps = self.add_variable((), dtype="int64", name="skipped_steps",
                                                        initializer="zeros")
 
-    Distributed._hvdtrain_distributed = True
     Distributed._hvdtrain_reduction = reduction
     _name_like(Distributed, base)
     return Distributed

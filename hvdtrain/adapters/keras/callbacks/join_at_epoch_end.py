@@ -6,6 +6,7 @@ import keras
 from keras import ops
 
 from hvdtrain.adapters.keras import collectives
+from hvdtrain.adapters.keras.optimizer import gradient_compression
 
 
 class JoinAtEpochEnd(keras.callbacks.Callback):
@@ -38,8 +39,7 @@ class JoinAtEpochEnd(keras.callbacks.Callback):
     def on_train_begin(self, logs=None) -> None:
         """Refuse what cannot work with a joined worker."""
         collectives.require_initialized("JoinAtEpochEnd")
-        reduction = getattr(type(self.model.optimizer), "_hvdtrain_reduction", None)
-        if reduction is not None and reduction.compression == "bf16":
+        if gradient_compression(self.model.optimizer) == "bf16":
             raise ValueError("JoinAtEpochEnd cannot be used with compression='bf16' (an "
                              "allgather, which Horovod's join does not support); use None or "
                              "'fp16'")
