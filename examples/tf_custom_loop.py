@@ -5,7 +5,9 @@ Run:  horovodrun -np 2 --mpi python examples/tf_custom_loop.py
 The same job as examples/keras_train.py, written as a ``tf.function`` train step:
 DistributedGradientTape averages the gradients, the learning rate is hvdtrain's
 LinearScalingWarmup schedule, rank 0's variables are broadcast before the first step
-and the replicas are checked every epoch. Only rank 0 prints.
+and the replicas are checked every epoch. Only rank 0 prints. With
+``--backward-passes-per-step N`` each update applies the mean over N micro-batches of
+every worker (Keras accumulates them; one allreduce per update).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--base-batch-size", type=int, default=32)
     parser.add_argument("--warmup-epochs", type=float, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--backward-passes-per-step", type=int, default=1,
+                        help="micro-batches per update")
     return parser.parse_args()
 
 
@@ -53,15 +57,21 @@ def main() -> int:
     hvtf.init()
     keras.utils.set_random_seed(args.seed + hvtf.rank())  # differs: the broadcast fixes it
     x_train, y_train, x_val, y_val = digits_shard(args.seed, args.batch_size_per_worker)
-    steps_per_epoch = len(x_train) // args.batch_size_per_worker
+    passes = args.backward_passes_per_step
+    # Whole updates per epoch, so that the replica check meets empty accumulators.
+    micro_batches = len(x_train) // args.batch_size_per_worker // passes * passes
+    if micro_batches == 0:
+        raise SystemExit(f"--backward-passes-per-step {passes} is more than the "
+                         f"{len(x_train) // args.batch_size_per_worker} batches of an epoch")
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"),
                               keras.layers.Dense(10)])
     schedule = hvtf.LinearScalingWarmup(
         args.base_lr, batch_size_per_worker=args.batch_size_per_worker,
-        steps_per_epoch=steps_per_epoch, base_batch_size=args.base_batch_size,
-        warmup_epochs=args.warmup_epochs,
+        steps_per_epoch=micro_batches // passes, base_batch_size=args.base_batch_size,
+        warmup_epochs=args.warmup_epochs, backward_passes_per_step=passes,
     )
-    optimizer = keras.optimizers.SGD(schedule, momentum=0.9)
+    optimizer = keras.optimizers.SGD(schedule, momentum=0.9,
+                                     gradient_accumulation_steps=passes if passes > 1 else None)
     optimizer.build(model.trainable_variables)
     hvtf.broadcast_variables(model.variables + optimizer.variables)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -70,20 +80,23 @@ def main() -> int:
     def train_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x, training=True))
-        grads = hvtf.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
+        grads = hvtf.DistributedGradientTape(
+            tape, optimizer=optimizer, backward_passes_per_step=passes
+        ).gradient(loss, model.trainable_variables)
         optimizer.apply(grads, model.trainable_variables)
         return loss
 
     for epoch in range(args.epochs):
         order = np.random.RandomState(args.seed + epoch).permutation(len(x_train))
         losses = []
-        for step in range(steps_per_epoch):
-            batch = order[step * args.batch_size_per_worker:(step + 1) * args.batch_size_per_worker]
+        for micro in range(micro_batches):
+            batch = order[micro * args.batch_size_per_worker:
+                          (micro + 1) * args.batch_size_per_worker]
             # A rank left waiting in the allreduce (another rank died or skipped the step)
             # ends the job after HVDTRAIN_COLLECTIVE_TIMEOUT_SECONDS instead of hanging.
             # The first call also traces the step; a model that traces for longer than
             # the limit should leave that call unguarded.
-            with watchdog.guard(f"the gradient allreduce of epoch {epoch} step {step}"):
+            with watchdog.guard(f"the train step of epoch {epoch} batch {micro}"):
                 losses.append(float(train_step(x_train[batch], y_train[batch])))
         correct = np.sum(np.argmax(model(x_val), axis=1) == y_val)
         totals = hvtf.allreduce(tf.constant([np.mean(losses), correct, len(y_val)], tf.float64),

@@ -18,6 +18,8 @@ from __future__ import annotations
 SKIP_REMEDY = ("Lower the learning rate, check the data, or pass skip_nonfinite=True to skip "
                "such steps on every rank.")
 PLAIN_REMEDY = "Lower the learning rate or check the data."
+TAPE_REMEDY = ("Lower the learning rate or check the data (or pass check_nonfinite=False to "
+               "DistributedGradientTape to let it through).")
 
 
 class NonFiniteGradientError(FloatingPointError):

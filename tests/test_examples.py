@@ -133,9 +133,11 @@ def test_a_horovod_keras_script_runs_with_only_its_import_changed():
     assert "final accuracy" not in result.ranks[1].output
 
 
-def test_tf_custom_loop_learns_with_identical_replicas():
-    result = run_workers(EXAMPLES / "tf_custom_loop.py", ["--epochs", "8"], controller="mpi",
-                         timeout=180).check()
+@pytest.mark.parametrize(("controller", "passes"), [("mpi", 1), ("gloo", 2)])
+def test_tf_custom_loop_learns_with_identical_replicas(controller, passes):
+    result = run_workers(EXAMPLES / "tf_custom_loop.py",
+                         ["--epochs", "8", "--backward-passes-per-step", str(passes)],
+                         controller=controller, timeout=180).check()
     epochs = re.findall(r"train loss ([\d.]+)\s+val accuracy ([\d.]+)  \(replicas identical\)",
                         result.ranks[0].output)
     assert len(epochs) == 8

@@ -73,6 +73,8 @@ from hvdtrain.adapters.keras import (
     shutdown,
     size,
 )
+from hvdtrain.adapters.keras.optimizer import accumulate_across_workers
+from hvdtrain.nonfinite import TAPE_REMEDY
 from hvdtrain.replicas import ReplicaMismatchError
 from hvdtrain.schedule import (
     DEFAULT_BASE_BATCH_SIZE,
@@ -80,7 +82,12 @@ from hvdtrain.schedule import (
     DEFAULT_WARMUP_EPOCHS,
     LinearScalingSchedule,
 )
-from hvdtrain.validation import require_compression, require_instance, require_same_world_size
+from hvdtrain.validation import (
+    require_compression,
+    require_instance,
+    require_positive_int,
+    require_same_world_size,
+)
 
 __all__ = [
     "Adasum", "Average", "Compression", "DistributedGradientTape", "LinearScalingWarmup",
@@ -99,11 +106,15 @@ class DistributedGradientTape:
     ``InvalidArgumentError`` naming the optimizer step when ``optimizer`` is given),
     unless ``check_nonfinite=False``.
 
-    To accumulate micro-batches, take plain ``tape.gradient`` and give them to
-    ``hvdtrain.adapters.keras.DistributedOptimizer(opt, backward_passes_per_step=N)``
-    with ``optimizer.apply``: Keras accumulates, and the mean over micro-batches and
-    workers is applied with one allreduce per update (a tape lives for one step; the
-    accumulation belongs to the optimizer that applies it).
+    Micro-batches: with ``backward_passes_per_step=N`` and ``optimizer=`` the Keras
+    optimizer that applies the gradients, made with ``gradient_accumulation_steps=N``,
+    ``gradient()`` returns this worker's own gradients and the optimizer applies the
+    mean over the N micro-batches and all workers, with one allreduce per update (a
+    tape lives for one pass; Keras keeps the accumulation in the optimizer, which the
+    first ``gradient()`` call makes distributed in place). The non-finite check then
+    runs on each averaged update. Clip with the optimizer's ``clipnorm`` /
+    ``global_clipnorm``, which see the averaged gradient, not between ``gradient()``
+    and ``apply``.
 
     Shares of different lengths: a rank that runs out calls :func:`join` and sends zeros
     to the others' allreduces, whose average then divides by the ranks that sent
@@ -116,33 +127,57 @@ class DistributedGradientTape:
             loss = loss_fn(y, model(x, training=True))
         tape = hvtf.DistributedGradientTape(tape)
         grads = tape.gradient(loss, model.trainable_variables)
+
+    Args:
+        tape: the finished ``tf.GradientTape``.
+        compression: None, "fp16" or "bf16" (see ``hvk.DistributedOptimizer``).
+        op: ``Average`` (default) or ``Sum``.
+        check_nonfinite: stop training when an averaged gradient holds NaN or Inf.
+        optimizer: the optimizer that applies the gradients: names the step in errors,
+            and is needed when ``backward_passes_per_step`` > 1.
+        backward_passes_per_step: micro-batches per update (see above).
     """
 
     def __init__(self, tape: tf.GradientTape, *, compression: str | None = None,
                  op: Any = Average, check_nonfinite: bool = True,
-                 optimizer: keras.optimizers.Optimizer | None = None) -> None:
+                 optimizer: keras.optimizers.Optimizer | None = None,
+                 backward_passes_per_step: int = 1) -> None:
         require_compression(compression)
         collectives.check_op(op)
         require_instance("tape", tape, tf.GradientTape, "a tf.GradientTape")
+        require_positive_int("backward_passes_per_step", backward_passes_per_step)
+        if backward_passes_per_step > 1 and optimizer is None:
+            raise ValueError(
+                f"backward_passes_per_step={backward_passes_per_step} needs optimizer=, the "
+                "Keras optimizer that applies these gradients (made with "
+                f"gradient_accumulation_steps={backward_passes_per_step}): it accumulates "
+                "the micro-batches and averages them over the workers once per update")
         self.tape = tape
         self.compression = compression
         self.op = op
         self.check_nonfinite = check_nonfinite
         self.optimizer = optimizer
+        self.backward_passes_per_step = backward_passes_per_step
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
                  unconnected_gradients: tf.UnconnectedGradients = tf.UnconnectedGradients.NONE
                  ) -> Any:
-        """``tape.gradient(...)``, with every gradient averaged over all workers."""
+        """``tape.gradient(...)``, with every gradient averaged over all workers (with
+        ``backward_passes_per_step`` > 1: this worker's own, dense, for the optimizer to
+        accumulate and average)."""
         collectives.require_initialized("DistributedGradientTape.gradient")
         grads = self.tape.gradient(target, sources, output_gradients, unconnected_gradients)
         flat = tf.nest.flatten(grads)
+        if self.backward_passes_per_step > 1:
+            accumulate_across_workers(
+                self.optimizer, self.backward_passes_per_step, compression=self.compression,
+                op=self.op, check_nonfinite=self.check_nonfinite)
+            return tf.nest.pack_sequence_as(
+                grads, [None if g is None else tf.convert_to_tensor(g) for g in flat])
         averaged = collectives.average_gradients(flat, self.compression, self.op)
         if self.check_nonfinite:
             step = self.optimizer.iterations if self.optimizer is not None else "(unknown)"
-            averaged = collectives.require_finite(
-                averaged, step, remedy="Lower the learning rate or check the data (or pass "
-                "check_nonfinite=False to let it through).")
+            averaged = collectives.require_finite(averaged, step, remedy=TAPE_REMEDY)
         return tf.nest.pack_sequence_as(grads, averaged)
 
 

@@ -19,9 +19,10 @@ def torch_run(request, tmp_path_factory):
 
 @pytest.fixture(scope="session", params=CONTROLLERS)
 def keras_run(request, tmp_path_factory):
-    """Every Keras and TensorFlow scenario, Keras on its TensorFlow backend."""
+    """Every Keras and TensorFlow scenario, Keras on its TensorFlow backend (Horovod's
+    timeline can be started, to count collectives)."""
     return _launch(tmp_path_factory, "keras_adapter.py", request.param,
-                   KERAS_BACKEND="tensorflow")
+                   KERAS_BACKEND="tensorflow", HOROVOD_TIMELINE="DYNAMIC")
 
 
 @pytest.fixture(scope="session", params=CONTROLLERS)

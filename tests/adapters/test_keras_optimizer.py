@@ -133,6 +133,43 @@ def test_distributed_optimizer_refuses_a_used_optimizer_and_keeps_the_config():
         hvk.DistributedOptimizer(optimizer)
 
 
+def test_accumulating_across_workers_makes_a_plain_optimizer_distributed_or_says_why():
+    """What DistributedGradientTape(backward_passes_per_step=N, optimizer=...) needs of
+    the optimizer; the 2-rank behaviour is in test_tensorflow.py."""
+    from hvdtrain.adapters.keras.optimizer import (
+        accumulate_across_workers,
+        gradient_compression,
+    )
+
+    plain = keras.optimizers.SGD(0.1, momentum=0.9, gradient_accumulation_steps=2)
+    accumulate_across_workers(plain, 2, compression="fp16", op=hvk.Average,
+                              check_nonfinite=True)
+    distributed = type(plain)
+    assert issubclass(distributed, keras.optimizers.SGD) and distributed.__name__ == "SGD"
+    assert gradient_compression(plain) == "fp16"
+    accumulate_across_workers(plain, 2, compression="fp16", op=hvk.Average,
+                              check_nonfinite=True)
+    assert type(plain) is distributed
+    with pytest.raises(ValueError, match="give them to one of the two"):
+        accumulate_across_workers(plain, 2, compression=None, op=hvk.Average,
+                                  check_nonfinite=True)
+    wrapped = hvk.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=3)
+    accumulate_across_workers(wrapped, 3, compression=None, op=hvk.Average,
+                              check_nonfinite=True)
+    for optimizer, fix in [(keras.optimizers.SGD(0.1), "gradient_accumulation_steps=2"),
+                           (wrapped, "gradient_accumulation_steps=2")]:
+        with pytest.raises(ValueError, match=f"accumulates .* per update: make it with {fix}"):
+            accumulate_across_workers(optimizer, 2, compression=None, op=hvk.Average,
+                                      check_nonfinite=True)
+    with pytest.raises(ValueError, match="not supported with loss scaling"):
+        accumulate_across_workers(keras.optimizers.LossScaleOptimizer(
+            keras.optimizers.SGD(0.1, gradient_accumulation_steps=2)), 2, compression=None,
+            op=hvk.Average, check_nonfinite=True)
+    with pytest.raises(TypeError, match="the Keras 3 optimizer that applies"):
+        accumulate_across_workers(object(), 2, compression=None, op=hvk.Average,
+                                  check_nonfinite=True)
+
+
 def test_mixed_float16_ranks_take_the_loss_scaling_decision_together(keras_run):
     """Rank 1's share of step 2 overflows float16: with Keras's own wrapper rank 1 alone
     would skip the step and halve its scale (rank 0's allreduce then pairs with rank 1's

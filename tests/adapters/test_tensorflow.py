@@ -1,5 +1,9 @@
 """hvdtrain.adapters.tensorflow: a tf.function custom loop on 2 ranks against one process."""
 
+import json
+from collections import Counter
+from pathlib import Path
+
 import keras
 import numpy as np
 import pytest
@@ -56,6 +60,38 @@ def test_micro_batches_accumulate_in_a_custom_loop_like_one_process(keras_run):
             <= 1e-10
 
 
+def test_the_tape_accumulates_micro_batches_like_one_process(keras_run):
+    """DistributedGradientTape(backward_passes_per_step=2) into a plain SGD made with
+    gradient_accumulation_steps=2: 10 micro-batches are 5 updates, each the mean over 2
+    micro-batches and 2 workers, equal to one process on the 16-example batches. Each
+    gradient went through 5 allreduces, one per update (Horovod's timeline: averaging
+    every micro-batch would give the same weights with 10). A NaN in rank 1's second
+    micro-batch stops both ranks at update 0."""
+    reference = reference_accumulated_fit()
+    for rank in (0, 1):
+        assert max_difference(keras_run.arrays("tape_accumulate", rank), reference) <= 1e-10
+    negotiations = allreduces_by_tensor(keras_run.out_dir / "tape_accumulate_timeline.json")
+    gradients = {name: count for name, count in negotiations.items()
+                 if name.startswith("hvdtrain.gradients")}
+    assert gradients and set(gradients.values()) == {STEPS_PER_EPOCH}, negotiations
+    for report in keras_run.both("tape_accumulate"):
+        assert report["updates"] == STEPS_PER_EPOCH
+        assert report["optimizer_class"] == "SGD"
+        assert report["error"].startswith("micro-batch 1:")
+        assert "worker-averaged gradient holds NaN or Inf at optimizer step ] [0]" \
+            in report["error"]
+        assert "check_nonfinite=False to DistributedGradientTape" in report["error"]
+
+
+def allreduces_by_tensor(timeline: Path) -> Counter:
+    """How many allreduces Horovod's timeline file shows for each tensor name."""
+    events = json.loads(timeline.read_text())
+    names = {e["pid"]: e["args"]["name"] for e in events
+             if e.get("name") == "process_name" and "name" in e.get("args", {})}
+    return Counter(names[e["pid"]] for e in events
+                   if e.get("ph") == "B" and e.get("name") == "NEGOTIATE_ALLREDUCE")
+
+
 def test_custom_loop_learning_rate_is_the_schedule(keras_run):
     plan = schedule("sgd")
     expected = [plan.lr_at(step) for step in range(EPOCHS * STEPS_PER_EPOCH)]
@@ -89,6 +125,10 @@ def test_schedule_rejects_bad_input_and_needs_a_world_size():
 def test_gradient_tape_rejects_bad_arguments():
     with tf.GradientTape() as tape:
         pass
+    with pytest.raises(ValueError, match=r"needs optimizer=.*gradient_accumulation_steps=2"):
+        hvtf.DistributedGradientTape(tape, backward_passes_per_step=2)
+    with pytest.raises(ValueError, match="backward_passes_per_step must be an int > 0"):
+        hvtf.DistributedGradientTape(tape, backward_passes_per_step=0)
     with pytest.raises(ValueError, match="compression"):
         hvtf.DistributedGradientTape(tape, compression="fp8")
     with pytest.raises(TypeError, match=r"tf\.GradientTape"):

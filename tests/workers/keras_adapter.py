@@ -353,8 +353,9 @@ def scenario_failures() -> None:
            finite_after_skip=finite_after_skip)
 
 
-def tape_step(model: keras.Model, optimizer: keras.optimizers.Optimizer):
-    """A tf.function training step through DistributedGradientTape: (x, y) -> None."""
+def tape_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, passes: int = 1):
+    """A tf.function training step through DistributedGradientTape, with ``passes``
+    micro-batches per update: (x, y) -> None."""
     import tensorflow as tf
 
     import hvdtrain.adapters.tensorflow as hvtf
@@ -363,7 +364,9 @@ def tape_step(model: keras.Model, optimizer: keras.optimizers.Optimizer):
     def train_step(xb, yb):
         with tf.GradientTape() as tape:
             value = loss()(yb, model(xb, training=True))
-        grads = hvtf.DistributedGradientTape(tape).gradient(value, model.trainable_variables)
+        grads = hvtf.DistributedGradientTape(
+            tape, optimizer=optimizer, backward_passes_per_step=passes
+        ).gradient(value, model.trainable_variables)
         optimizer.apply(grads, model.trainable_variables)
 
     return train_step
@@ -552,6 +555,44 @@ def scenario_custom_loop_checks() -> None:
     save("custom_loop_accumulate", model)
 
 
+def scenario_tape_accumulate() -> None:
+    """DistributedGradientTape(backward_passes_per_step=2) with a plain SGD made with
+    gradient_accumulation_steps=2: 10 micro-batches, with Horovod's timeline on (rank 0
+    writes OUT/tape_accumulate_timeline.json); then a NaN in rank 1's second
+    micro-batch, which must stop both ranks at update 0."""
+    import tensorflow as tf
+
+    use_floatx("float64")
+    x, y = shard(*make_data(passes=2), hvk.rank())
+    model = make_model()
+    optimizer = keras.optimizers.SGD(ETA["sgd"], gradient_accumulation_steps=2)
+    optimizer.build(model.trainable_variables)
+    micro_step = tape_step(model, optimizer, passes=2)
+    timeline = OUT / "tape_accumulate_timeline.json"
+    hvk.start_timeline(str(timeline))
+    for micro in range(len(x) // BATCH_PER_WORKER):
+        rows = slice(micro * BATCH_PER_WORKER, (micro + 1) * BATCH_PER_WORKER)
+        micro_step(tf.constant(x[rows]), tf.constant(y[rows]))
+    hvk.stop_timeline()
+    save("tape_accumulate", model)
+    updates = int(optimizer.iterations.numpy())
+
+    model = make_model()
+    optimizer = keras.optimizers.SGD(ETA["sgd"], gradient_accumulation_steps=2)
+    micro_step = tape_step(model, optimizer, passes=2)
+    error = None
+    for micro in range(2):
+        xb = x[micro * BATCH_PER_WORKER:(micro + 1) * BATCH_PER_WORKER].copy()
+        if micro == 1 and hvk.rank() == 1:
+            xb[0] = np.nan
+        try:
+            micro_step(tf.constant(xb), tf.constant(y[:BATCH_PER_WORKER]))
+        except tf.errors.InvalidArgumentError as failure:
+            error = f"micro-batch {micro}: {failure.message}"
+    report("tape_accumulate", updates=updates, optimizer_class=type(optimizer).__name__,
+           error=error)
+
+
 def main() -> None:
     hvk.init()
     scenarios = {
@@ -578,6 +619,7 @@ def main() -> None:
             "custom_loop": scenario_custom_loop,
             "custom_loop_checks": scenario_custom_loop_checks,
             "custom_loop_join": scenario_custom_loop_join,
+            "tape_accumulate": scenario_tape_accumulate,
             "uneven_validation": scenario_uneven_validation,
             "partial_distributed": scenario_partial_distributed,
             "accumulate_nonfinite": scenario_accumulate_nonfinite,

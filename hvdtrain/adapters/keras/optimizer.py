@@ -13,6 +13,7 @@ from keras import ops
 from keras.optimizers import LossScaleOptimizer
 
 from hvdtrain.adapters.keras import _internals, collectives
+from hvdtrain.nonfinite import SKIP_REMEDY, TAPE_REMEDY
 from hvdtrain.validation import (
     require_compression,
     require_instance,
@@ -20,9 +21,8 @@ from hvdtrain.validation import (
     require_positive_number,
 )
 
-__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "gradient_compression",
-           "make_distributed",
-           "require_agreeing_loss_scaling"]
+__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "accumulate_across_workers",
+           "gradient_compression", "make_distributed", "require_agreeing_loss_scaling"]
 
 
 def DistributedOptimizer(
@@ -116,7 +116,8 @@ def DistributedOptimizer(
                 f"the optimizer already has gradient_accumulation_steps={configured}, which "
                 f"contradicts backward_passes_per_step={backward_passes_per_step}; give one")
         config["gradient_accumulation_steps"] = backward_passes_per_step
-    return _distributed_class(type(optimizer), reduction, skip_nonfinite).from_config(config)
+    return _distributed_class(type(optimizer), reduction, "skip" if skip_nonfinite else "raise"
+                              ).from_config(config)
 
 
 def PartialDistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None = None,
@@ -160,7 +161,57 @@ def make_distributed(optimizer: keras.optimizers.Optimizer, *, compression: Any 
     if isinstance(optimizer, LossScaleOptimizer):
         optimizer.__class__ = _loss_scale_class(type(optimizer), reduction)
     else:
-        optimizer.__class__ = _distributed_class(type(optimizer), reduction, skip_nonfinite)
+        optimizer.__class__ = _distributed_class(
+            type(optimizer), reduction, "skip" if skip_nonfinite else "raise")
+
+
+def accumulate_across_workers(optimizer: keras.optimizers.Optimizer, passes: int, *,
+                              compression: str | None, op: Any, check_nonfinite: bool
+                              ) -> None:
+    """Make ``optimizer`` apply the mean of ``passes`` micro-batches over all workers,
+    with one allreduce per update, for gradients that are each worker's own.
+
+    Keras accumulates the micro-batches (``gradient_accumulation_steps``); a plain
+    optimizer becomes distributed in place (as :func:`make_distributed` does), one made
+    by :func:`DistributedOptimizer` is checked to agree.
+
+    Args:
+        optimizer: the Keras optimizer that applies the gradients, made with
+            ``gradient_accumulation_steps=passes`` (or ``DistributedOptimizer(opt,
+            backward_passes_per_step=passes)``).
+        passes: micro-batches per update, at least 2.
+        compression, op: how the accumulated gradients are reduced.
+        check_nonfinite: whether an averaged update holding NaN or Inf stops training
+            (for a plain optimizer; a distributed one keeps its own setting).
+
+    Raises:
+        ValueError: the optimizer accumulates another number of micro-batches, scales
+            its loss, or already reduces with another compression or op.
+    """
+    require_instance("optimizer", optimizer, keras.optimizers.Optimizer,
+                     "the Keras 3 optimizer that applies these gradients")
+    if isinstance(optimizer, LossScaleOptimizer):
+        raise ValueError(f"backward_passes_per_step={passes} is not supported with loss "
+                         "scaling (mixed_float16); accumulate in float32, or use "
+                         "mixed_bfloat16")
+    configured = optimizer.gradient_accumulation_steps or 1
+    if configured != passes:
+        raise ValueError(
+            f"backward_passes_per_step={passes}, but the optimizer accumulates {configured} "
+            f"micro-batch(es) per update: make it with gradient_accumulation_steps={passes}, "
+            f"e.g. keras.optimizers.SGD(0.1, gradient_accumulation_steps={passes}), or "
+            f"hvk.DistributedOptimizer(opt, backward_passes_per_step={passes}) (Keras "
+            "accumulates the micro-batches, hvdtrain averages them over the workers)")
+    reduction = _reduction(compression, op, 1.0, None, 1)
+    existing = _reduction_of(optimizer)
+    if existing is None:
+        optimizer.__class__ = _distributed_class(
+            type(optimizer), reduction, "raise" if check_nonfinite else "ignore", TAPE_REMEDY)
+    elif (existing.compression, existing.op) != (reduction.compression, reduction.op):
+        raise ValueError(
+            f"the optimizer already reduces its gradients (compression="
+            f"{existing.compression!r}, op={existing.op!r}) and the tape was given "
+            f"compression={compression!r}, op={op!r}: give them to one of the two")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,15 +323,19 @@ def _name_like(cls: type, base: type) -> None:
 
 
 @functools.cache
-def _distributed_class(base: type, reduction: _Reduction, skip_nonfinite: bool) -> type:
+def _distributed_class(base: type, reduction: _Reduction, on_nonfinite: str,
+                       remedy: str = SKIP_REMEDY) -> type:
     """A subclass of ``base`` that averages gradients just before clipping and the update.
 
     Keras 3 calls ``_clip_gradients`` once per optimizer update, with the final
     gradients (:mod:`hvdtrain.adapters.keras._internals`), so the allreduce runs once
-    per update and clipping sees the worker-averaged gradient. With ``skip_nonfinite``
-    the weight decay and the update that follow run only when the averaged gradient is
-    finite on every rank; otherwise ``skipped_steps`` counts the update.
+    per update and clipping sees the worker-averaged gradient. An averaged gradient
+    holding NaN or Inf: ``on_nonfinite="raise"`` stops training on every rank;
+    ``"skip"`` runs the weight decay and the update only when it is finite on every
+    rank, counting skipped updates in ``skipped_steps``; ``"ignore"`` applies it.
+    ``remedy`` ends the error's message.
     """
+    skip_nonfinite = on_nonfinite == "skip"
 
     class Distributed(base):
         def register_local_var(self, var: Any) -> None:
@@ -299,9 +354,9 @@ def _distributed_class(base: type, reduction: _Reduction, skip_nonfinite: bool) 
 
         def _clip_gradients(self, grads):
             averaged = self._reduce(grads)
-            if not skip_nonfinite:
-                averaged = collectives.require_finite(averaged, self.iterations)
-            else:
+            if on_nonfinite == "raise":
+                averaged = collectives.require_finite(averaged, self.iterations, remedy)
+            elif skip_nonfinite:
                 self._hvdtrain_update = collectives.finite_on_every_rank(averaged)
             return super()._clip_gradients(averaged)
 
