@@ -8,8 +8,9 @@
 #      frameworks, with hvdtrain's patches (scripts/patches/horovod/*.patch, each
 #      starting with a line saying why) applied first; cached as a wheel outside the
 #      repository, keyed by the versions and the patches' contents
-#   6. hvdtrain itself, editable, with its test and plot extras, and a check that
-#      Horovod's build is complete
+#   6. hvdtrain itself, editable, with its test and plot extras (setup.py compiles its
+#      one C helper, hvdtrain._packing, in place), and a check that Horovod's build is
+#      complete
 #
 # Environment:
 #   HVDTRAIN_CACHE   where the built Horovod wheel is kept (default ~/.cache/hvdtrain)
@@ -224,6 +225,9 @@ install_horovod() {
 install_hvdtrain() {
     stage "hvdtrain (editable, with its test and benchmark extras) and a check of Horovod's build"
     pip_install --no-build-isolation -e "$REPO_ROOT[torch,tensorflow,test,bench]"
+    # setup.py marks the helper optional (pip installs without a compiler); here it must be.
+    "$VENV/bin/python" -c "import hvdtrain._packing" \
+        || die "hvdtrain._packing (the torch adapter's fused gradient packing) was not built"
     local report
     # stderr only carries TensorFlow's start-up chatter, unless the check itself fails.
     report="$("$VENV/bin/horovodrun" --check-build 2>"$BUILD_DIR/check-build.err")" \

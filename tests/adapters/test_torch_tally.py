@@ -1,10 +1,13 @@
 """The tally behind the gradients in the flat allreduce (hvdtrain/adapters/torch/tally.py),
 in one process: a 2-rank average emulated by summing two buffers and scaling them as
-Horovod does."""
+Horovod does, and the fused packing (hvdtrain._packing) against torch's two passes."""
+
+import math
 
 import pytest
 import torch
 
+from hvdtrain.adapters.torch import tally
 from hvdtrain.adapters.torch.tally import flat_with_tally, read_tally, write_bound
 
 LARGEST = torch.finfo(torch.float32).max
@@ -13,7 +16,7 @@ LARGEST = torch.finfo(torch.float32).max
 def averaged(*ranks: list[torch.Tensor], size: int = 2) -> torch.Tensor:
     """What Horovod's average over ``size`` ranks leaves in each rank's buffer; ranks not
     given have joined and send zeros."""
-    buffers = [flat_with_tally(r, torch.float32, torch.device("cpu"), write_bound)
+    buffers = [flat_with_tally(r, torch.float32, torch.device("cpu"), bound=True)
                for r in ranks]
     return sum(buffers[1:], buffers[0]) / size
 
@@ -49,3 +52,44 @@ def test_the_bound_is_the_l2_norm_and_carries_nan_and_inf():
 def test_the_bound_proves_finite_only_what_cannot_overflow(one, two, finite):
     reduced = averaged([torch.tensor([one])], [torch.tensor([two])])
     assert read_tally(reduced, 0.5, prescale=1.0)[2] is finite
+
+
+def test_the_fused_packing_is_built_and_equals_the_two_pass_one(monkeypatch):
+    """setup.py builds hvdtrain._packing (a C compiler is part of the setup); its one
+    pass copies exactly what torch.cat copies and sums the same squares."""
+    assert tally._packing is not None, "hvdtrain._packing was not built: run scripts/setup.sh"
+    generator = torch.Generator().manual_seed(3)
+    gradients = [torch.randn(shape, generator=generator) * 100
+                 for shape in [(37, 5), (1,), (0,), (1000,), (3, 4, 5)]]
+    fused = flat_with_tally(gradients, torch.float32, torch.device("cpu"), bound=True)
+    monkeypatch.setattr(tally, "_packing", None)
+    two_pass = flat_with_tally(gradients, torch.float32, torch.device("cpu"), bound=True)
+    assert torch.equal(fused[:-1], two_pass[:-1])
+    assert fused[-1].item() == pytest.approx(two_pass[-1].item(), rel=1e-6)
+    unbounded = flat_with_tally(gradients, torch.float32, torch.device("cpu"), bound=False)
+    assert torch.equal(unbounded[:-1], two_pass[:-1]) and unbounded[-1].item() == math.inf
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_the_fused_bound_carries_nan_and_inf(bad):
+    for where in range(33):  # in the blocks of 16 the C loop sums lane-wise, and after
+        gradients = [torch.ones(2), torch.ones(33)]
+        gradients[1][where] = bad
+        flat = flat_with_tally(gradients, torch.float32, torch.device("cpu"), bound=True)
+        assert not math.isfinite(flat[-1].item()), where
+    gradients = [torch.ones(40), torch.ones(33)]
+    gradients[0][5] = bad
+    flat = flat_with_tally(gradients, torch.float32, torch.device("cpu"), bound=True)
+    assert not math.isfinite(flat[-1].item())
+    assert torch.allclose(flat[:-2], torch.cat(gradients), rtol=0, atol=0, equal_nan=True)
+
+
+def test_gradients_the_fused_packing_cannot_take_go_the_two_pass_way():
+    """float64, and a transposed (non-contiguous) float32 gradient."""
+    for gradients, dtype in [([torch.ones(3, dtype=torch.float64) * 2], torch.float64),
+                             ([torch.arange(6.0).reshape(2, 3).t(), torch.ones(2)],
+                              torch.float32)]:
+        flat = flat_with_tally(gradients, dtype, torch.device("cpu"), bound=True)
+        assert flat[:-2].tolist() == torch.cat([g.reshape(-1) for g in gradients]).tolist()
+        expected = math.sqrt(sum(float((g * g).sum()) for g in gradients))
+        assert flat[-1].item() == pytest.approx(expected)

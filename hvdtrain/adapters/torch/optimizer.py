@@ -24,7 +24,7 @@ from hvdtrain.adapters.torch.compression import (
     bf16_allreduce_async,
     compression_name,
 )
-from hvdtrain.adapters.torch.tally import flat_with_tally, read_tally, write_bound
+from hvdtrain.adapters.torch.tally import flat_with_tally, read_tally
 from hvdtrain.consistency import software_versions
 from hvdtrain.nonfinite import NonFiniteGradientError, nonfinite_gradient_message
 from hvdtrain.runtime import elastic_job
@@ -315,8 +315,7 @@ class _CheckedAveraging:
         predivide = self.gradient_predivide_factor if self.op == Average else 1.0
         pending = []
         for (dtype, device), parameters in by_kind.items():
-            flat = flat_with_tally([p.grad for p in parameters], dtype, device,
-                                   self._bound_gradients)
+            flat = self._pack([p.grad for p in parameters], dtype, device)
             wire, context = self._compression.compress(flat)
             handle = _hvd.allreduce_async_(wire, name=f"hvdtrain.gradients.{dtype}",
                                            op=self.op, prescale_factor=1.0 / predivide,
@@ -347,13 +346,13 @@ class _CheckedAveraging:
         self._handles.clear()
         self._synchronized = True
 
-    def _bound_gradients(self, gradients: torch.Tensor, out: torch.Tensor) -> None:
-        """The tally's bound: :func:`.tally.write_bound`, or infinity (no bound) when the
-        check is off or the wire format is lossy (fp16 could overflow below it)."""
-        if self.check_nonfinite and self._compression is Compression.none:
-            write_bound(gradients, out)
-        else:
-            out.fill_(float("inf"))
+    def _pack(self, gradients: list[torch.Tensor], dtype: torch.dtype,
+              device: torch.device) -> torch.Tensor:
+        """One buffer of ``gradients`` and their tally (:func:`.tally.flat_with_tally`),
+        with the bound only when the check is on and the wire format is exact (fp16
+        could overflow below it)."""
+        bound = self.check_nonfinite and self._compression is Compression.none
+        return flat_with_tally(gradients, dtype, device, bound=bound)
 
     def _pending_allreduces(self) -> str:
         return self._describe_allreduce([p for key in list(self._handles)
