@@ -132,15 +132,20 @@ def test_gradients_changed_after_the_users_synchronize_are_read_not_bounded(torc
         assert "'weight'" in report["changed_after_synchronize"]
 
 
-def test_uneven_shares_with_join_average_over_the_ranks_that_still_have_data(torch_run):
+@pytest.mark.parametrize("scenario", ["join_uneven", "join_uneven_overlap",
+                                      "join_uneven_groups"])
+def test_uneven_shares_with_join_average_over_the_ranks_that_still_have_data(
+        torch_run, scenario):
     """Rank 0 trains 3 batches, rank 1 2 and then joins: the third step averages over
     rank 0 alone (one process on the same batches), not Horovod's divide-by-every-rank
-    (half the gradient); after broadcasting from the last rank to join, both agree."""
+    (half the gradient); after broadcasting from the last rank to join, both agree.
+    The flat allreduce, Horovod's per-tensor allreduces during backward
+    (``overlap=True``) and its grouped ones (``groups=2``)."""
     reference = uneven_reference_run()
-    for rank, report in enumerate(torch_run.both("join_uneven")):
+    for rank, report in enumerate(torch_run.both(scenario)):
         assert report["last"] == 0
         assert report["steps"] == JOIN_STEPS[rank]
-        assert max_difference(tensors(torch_run, "join_uneven", rank), reference) \
+        assert max_difference(tensors(torch_run, scenario, rank), reference) \
             <= FLOAT64_TOLERANCE
     halved = uneven_reference_run(joined_scale=0.5)
     assert max_difference(halved, reference) > 1e3 * FLOAT64_TOLERANCE

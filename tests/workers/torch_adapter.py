@@ -319,13 +319,14 @@ def _uneven_evaluation() -> dict:
             "unweighted": hvt.average_metrics(metrics)}
 
 
-def scenario_join_uneven() -> None:
+def scenario_join_uneven(name: str, **wrapping) -> None:
     """Uneven training shares: rank 0 has JOIN_STEPS[0] batches, rank 1 fewer; each
-    calls join() when its data ends, then both take the state of the last to join."""
+    calls join() when its data ends, then both take the state of the last to join.
+    ``wrapping``: DistributedOptimizer's arguments (the path the gradients take)."""
     x, y = make_data()
     model = make_model()
     optimizer = hvt.DistributedOptimizer(make_optimizer("sgd", model.parameters()),
-                                         model.named_parameters())
+                                         model.named_parameters(), **wrapping)
     for step in range(JOIN_STEPS[hvt.rank()]):
         optimizer.zero_grad()
         part = rows(step, 0, hvt.rank(), 1)
@@ -333,8 +334,8 @@ def scenario_join_uneven() -> None:
         optimizer.step()
     last = hvt.join()
     hvt.broadcast_state(model, optimizer, root_rank=last)
-    report("join_uneven", last=last, steps=optimizer.steps_taken)
-    save("join_uneven", parameters(model))
+    report(name, last=last, steps=optimizer.steps_taken)
+    save(name, parameters(model))
 
 
 def scenario_horovod_api() -> None:
@@ -394,7 +395,11 @@ def main() -> None:
         "grad_scaler": scenario_grad_scaler,
         "metrics": scenario_metrics_and_sampler,
         "horovod_api": scenario_horovod_api,
-        "join_uneven": scenario_join_uneven,
+        "join_uneven": functools.partial(scenario_join_uneven, "join_uneven"),
+        "join_uneven_overlap": functools.partial(scenario_join_uneven, "join_uneven_overlap",
+                                                 overlap=True),
+        "join_uneven_groups": functools.partial(scenario_join_uneven, "join_uneven_groups",
+                                                groups=2),
     })
     hvt.shutdown()
 

@@ -1,0 +1,302 @@
+"""How :func:`.optimizer.DistributedOptimizer` averages and checks gradients:
+``CheckedAveraging``'s methods, set beside Horovod's optimizer methods on a subclass of
+the user's optimizer class (:func:`distributed_class`). Two paths: one flat allreduce
+per dtype after ``backward()`` (with :mod:`.tally`'s count and bound behind the
+gradients), or Horovod's per-tensor allreduces during it (``overlap``)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import horovod.torch as _hvd
+import torch
+from horovod.torch import Average, Compression, ProcessSet, Sum
+
+# Horovod's optimizer class: its methods add the gradient hooks, fusion and
+# synchronize(); distributed_class builds on them.
+from horovod.torch.optimizer import _DistributedOptimizer as _HorovodOptimizer
+
+from hvdtrain import watchdog
+from hvdtrain.adapters.torch.compression import HOROVOD_COMPRESSION, bf16_allreduce_async
+from hvdtrain.adapters.torch.tally import flat_with_tally, read_tally
+from hvdtrain.nonfinite import NonFiniteGradientError, nonfinite_gradient_message
+
+__all__ = ["CheckedAveraging", "distributed_class"]
+
+
+class CheckedAveraging:
+    """hvdtrain's layer over Horovod's distributed optimizer: worker- and micro-batch-
+    averaged gradients, checked for NaN/Inf and watched while they are awaited.
+
+    Horovod's methods call ``super(self.__class__, self)``, so its optimizer cannot be
+    subclassed; instead these methods sit beside Horovod's in one class whose base is
+    the user's optimizer class (:func:`distributed_class`), and call Horovod's
+    explicitly.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer,
+                 named_parameters: list[tuple[str, torch.Tensor]], *,
+                 compression: str | None, backward_passes_per_step: int, op,
+                 groups: int | list[list[torch.Tensor]] | None,
+                 skip_nonfinite: bool, check_nonfinite: bool, overlap: bool,
+                 gradient_predivide_factor: float, sparse_as_dense: bool,
+                 process_set: ProcessSet) -> None:
+        self.overlap = overlap  # read by _make_hook, which Horovod's __init__ calls
+        _HorovodOptimizer.__init__(self, optimizer.param_groups, named_parameters,
+                                   HOROVOD_COMPRESSION[compression], backward_passes_per_step,
+                                   op, gradient_predivide_factor, groups, sparse_as_dense,
+                                   process_set)
+        self.defaults = optimizer.defaults  # Horovod rebuilds with the class's defaults
+        self.skip_nonfinite = skip_nonfinite
+        self.check_nonfinite = check_nonfinite or skip_nonfinite
+        self.skipped_steps = 0
+        self.steps_taken = 0
+        self._bf16 = compression == "bf16"
+        self._flat_gradients: list[tuple[torch.Tensor, list[torch.Tensor], bool]] = []
+        self._contributors: Any = None  # this step's count of ranks, per-tensor path
+        self.load_state_dict(optimizer.state_dict())  # keep state built before wrapping
+
+    def synchronize(self) -> None:
+        """Finish the allreduce of every gradient; afterwards each holds the mean over
+        all workers and, with ``backward_passes_per_step > 1``, over the micro-batches."""
+        # Horovod counts down backward passes per parameter; read them before it resets.
+        if not self.process_set.included():  # nothing to average with (Horovod's meaning)
+            self._synchronized = True
+            return
+        passes = {p: self.backward_passes_per_step - left
+                  for p, left in self._allreduce_delay.items()}
+        self._flat_gradients = []
+        counts = set(passes.values())
+        if self._sends_flat():
+            # When every gradient saw the same number of passes (the usual case), Horovod's
+            # post-scaling divides by it, in the pass that divides by the world size.
+            uniform = len(counts) == 1
+            self._allreduce_flat(1.0 / max(next(iter(counts)), 1) if uniform else 1.0)
+            if uniform:
+                return
+        else:
+            with watchdog.guard(self._pending_allreduces):
+                _HorovodOptimizer.synchronize(self)
+                self._average_over_contributors()
+        if self.backward_passes_per_step > 1:
+            for parameter, count in passes.items():
+                if count > 1 and parameter.grad is not None:
+                    parameter.grad.div_(count)
+
+    def step(self, closure=None):
+        """Synchronize (unless already done), then apply the averaged gradients.
+
+        With ``skip_nonfinite=True``, a step whose averaged gradient has a NaN or Inf
+        on any rank is skipped on every rank and counted in ``skipped_steps``.
+        """
+        synchronizes_here = self._should_synchronize and not self._synchronized
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn(
+                    "optimizer.step() called without optimizer.skip_synchronize() after "
+                    "optimizer.synchronize(): hvdtrain does not average again, but Horovod "
+                    "does; wrap step() in `with optimizer.skip_synchronize():`",
+                    stacklevel=2)
+            else:
+                self.synchronize()
+        step, self.steps_taken = self.steps_taken, self.steps_taken + 1
+        # The bound describes the gradients as reduced, so it is trusted only when the
+        # reduction ran inside this step (after the user's own synchronize() they may have
+        # been changed in place). It is the same number on every rank: no vote needed.
+        proved = synchronizes_here and self._bound_proves_finite()
+        nonfinite = (self._first_nonfinite_gradient()
+                     if self.check_nonfinite and not proved else None)
+        if self.skip_nonfinite and not proved and _on_any_rank(
+                nonfinite is not None, self.process_set):
+            self.skipped_steps += 1
+            self._synchronized = False
+            return None
+        if nonfinite is not None:
+            raise NonFiniteGradientError(nonfinite_gradient_message(step, nonfinite))
+        with self.skip_synchronize():
+            return _HorovodOptimizer.step(self, closure)
+
+    def _make_hook(self, parameter: torch.Tensor):
+        """Horovod's hook (start the allreduce when the gradient is ready) with overlap;
+        without, a hook that only counts the backward passes."""
+        if self.overlap:
+            return _HorovodOptimizer._make_hook(self, parameter)
+
+        def count_pass(*_) -> None:
+            if self._allreduce_delay[parameter] <= 0:
+                raise RuntimeError(
+                    f"the gradient of {self._parameter_names.get(parameter, '<unnamed>')!r} "
+                    f"was computed more than backward_passes_per_step="
+                    f"{self.backward_passes_per_step} times before step(); raise "
+                    "backward_passes_per_step to accumulate more micro-batches")
+            self._allreduce_delay[parameter] -= 1
+
+        return count_pass
+
+    def _sends_flat(self) -> bool:
+        """Whether this step's gradients go in one flat allreduce per dtype (no overlap, a
+        group of workers, dense gradients, no bf16) rather than through Horovod's
+        per-tensor synchronize."""
+        return (not self.overlap and not self._bf16 and bool(self._requires_update)
+                and not any(p.grad is not None and p.grad.is_sparse
+                            for p in self._requires_update))
+
+    def _allreduce_flat(self, postscale: float) -> None:
+        """Average the gradients in one allreduce per dtype and device, each on one
+        contiguous copy of them, in place (so Horovod copies nothing in or out of its
+        fusion buffer); afterwards every gradient is a view into its copy, and the
+        non-finite check reads the copies (:meth:`_first_nonfinite_gradient`)."""
+        by_kind: dict[tuple, list[torch.Tensor]] = {}
+        for group in self.param_groups:
+            for parameter in group["params"]:
+                if parameter in self._requires_update:
+                    if parameter.grad is None:  # another rank may have computed it
+                        parameter.grad = torch.zeros_like(parameter)
+                    by_kind.setdefault((parameter.dtype, parameter.device), []).append(
+                        parameter)
+        # Horovod's own split of an average (see its _allreduce_grad_async).
+        predivide = self.gradient_predivide_factor if self.op == Average else 1.0
+        pending = []
+        for (dtype, device), parameters in by_kind.items():
+            flat = self._pack([p.grad for p in parameters], dtype, device)
+            wire, context = self._compression.compress(flat)
+            handle = _hvd.allreduce_async_(wire, name=f"hvdtrain.gradients.{dtype}",
+                                           op=self.op, prescale_factor=1.0 / predivide,
+                                           postscale_factor=postscale * predivide,
+                                           process_set=self.process_set)
+            pending.append((parameters, flat, context, handle))
+        # What one contributed 1 (and each gradient element g) became after the reduction.
+        unit = postscale / (self.process_set.size() if self.op == Average else 1)
+        with watchdog.guard(lambda: self._describe_allreduce(
+                [p for parameters, *_ in pending for p in parameters])):
+            for parameters, flat, context, handle in pending:
+                averaged = self._compression.decompress(_hvd.synchronize(handle), context)
+                if averaged is not flat:
+                    flat.copy_(averaged)
+                gradients, contributors, finite = read_tally(
+                    flat, unit, prescale=1.0 / predivide)
+                if self.op == Average and 0 < contributors < self.process_set.size():
+                    # Ranks that called join() sent zeros; average over the others only.
+                    gradients.mul_(self.process_set.size() / contributors)
+                offset = 0
+                for parameter in parameters:
+                    size = parameter.numel()
+                    parameter.grad = gradients[offset:offset + size].view_as(parameter)
+                    offset += size
+                self._flat_gradients.append((gradients, parameters, finite))
+        for parameter in self._allreduce_delay:
+            self._allreduce_delay[parameter] = self.backward_passes_per_step
+        self._handles.clear()
+        self._synchronized = True
+
+    def _pack(self, gradients: list[torch.Tensor], dtype: torch.dtype,
+              device: torch.device) -> torch.Tensor:
+        """One buffer of ``gradients`` and their tally (:func:`.tally.flat_with_tally`),
+        with the bound only when the check is on and the wire format is exact (fp16
+        could overflow below it)."""
+        bound = self.check_nonfinite and self._compression is Compression.none
+        return flat_with_tally(gradients, dtype, device, bound=bound)
+
+    def _pending_allreduces(self) -> str:
+        return self._describe_allreduce([p for key in list(self._handles)
+                                         for p in (key if isinstance(key, tuple) else (key,))])
+
+    def _describe_allreduce(self, parameters: list[torch.Tensor]) -> str:
+        """What the watchdog reports when the allreduce of ``parameters`` hangs."""
+        names = [f"allreduce.{self._parameter_names.get(p, '<unnamed>')}" for p in parameters]
+        shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        return f"the gradient allreduce of step {self.steps_taken} ({shown})"
+
+    def _first_nonfinite_gradient(self) -> str | None:
+        """The name of the first parameter whose (averaged) gradient is not finite."""
+        parameters = [p for group in self.param_groups for p in group["params"]
+                      if p.grad is not None]
+        if not parameters:
+            return None
+        # A NaN or Inf anywhere makes the sum non-finite: one read of each gradient (of
+        # the flat copies, when the gradients are still views into them) and one device
+        # synchronisation in the common case. Only a sum that overflows without any
+        # non-finite element needs the exact look below.
+        buffers = self._flat_buffers() or [p.grad for p in parameters]
+        total = buffers[0].sum()
+        for buffer in buffers[1:]:
+            total = total + buffer.sum()
+        if bool(total.isfinite()):
+            return None
+        for parameter in parameters:
+            if not bool(torch.isfinite(parameter.grad).all()):
+                return self._parameter_names.get(parameter, "<unnamed>")
+        return None
+
+    def _bound_proves_finite(self) -> bool:
+        """Whether the bounds reduced with the last flat allreduce prove every averaged
+        gradient finite (see :mod:`.tally`)."""
+        return bool(self._flat_gradients) and all(
+            finite for *_, finite in self._flat_gradients)
+
+    def _flat_buffers(self) -> list[torch.Tensor]:
+        """The flat gradients of the last synchronize, if every gradient is still a view
+        into one of them (nothing replaced a gradient since); otherwise none."""
+        buffers = []
+        for flat, parameters, _ in self._flat_gradients:
+            start, end = flat.data_ptr(), flat.data_ptr() + flat.numel() * flat.element_size()
+            if not all(p.grad is not None and start <= p.grad.data_ptr() < end
+                       for p in parameters):
+                return []
+            buffers.append(flat)
+        return buffers
+
+    def _allreduce_grad_async(self, parameter):
+        if not self._bf16 or parameter.grad is None or parameter.grad.is_sparse:
+            self._count_contributors()
+            return _HorovodOptimizer._allreduce_grad_async(self, parameter)
+        return bf16_allreduce_async(parameter.grad, self._parameter_names.get(parameter),
+                                     self.op), None
+
+    def _grouped_allreduce_grad_async(self, parameters):
+        self._count_contributors()
+        return _HorovodOptimizer._grouped_allreduce_grad_async(self, parameters)
+
+    def _count_contributors(self) -> None:
+        """With the step's first per-tensor allreduce, start one of this rank's 1 (a
+        rank that called ``join()`` adds 0): its sum is the number of ranks that sent
+        gradients. Started early, it travels in the same cycle as the first gradients."""
+        if self._contributors is None and self.op == Average:
+            self._contributors = _hvd.allreduce_async_(
+                torch.ones(1), name="hvdtrain.contributors", op=Sum,
+                process_set=self.process_set)
+
+    def _average_over_contributors(self) -> None:
+        """After Horovod's per-tensor averages, which divide by every rank: when some
+        ranks had joined (sent zeros), rescale the dense gradients to the average over
+        the ranks that sent them, as the flat path does."""
+        handle, self._contributors = self._contributors, None
+        if handle is None:
+            return
+        contributors = round(_hvd.synchronize(handle).item())
+        size = self.process_set.size()
+        if 0 < contributors < size:
+            for parameter in self._requires_update:
+                if parameter.grad is not None and not parameter.grad.is_sparse:
+                    parameter.grad.mul_(size / contributors)
+
+
+def distributed_class(base: type) -> type:
+    """A class with ``base`` as its base, Horovod's optimizer methods and ours on top."""
+    methods = dict(vars(_HorovodOptimizer))
+    methods.update((name, member) for name, member in vars(CheckedAveraging).items()
+                   if name == "__init__" or not name.startswith("__"))
+    methods["__doc__"] = f"{base.__name__} with gradients averaged over Horovod workers."
+    return type(base.__name__, (base,), methods)
+
+
+def _on_any_rank(condition: bool, process_set: ProcessSet) -> bool:
+    """True on every rank of ``process_set`` when ``condition`` holds on at least one
+    (one scalar allreduce); a rank outside the set decides alone."""
+    if not process_set.included():
+        return condition
+    flag = torch.tensor(1.0 if condition else 0.0, dtype=torch.float64)
+    with watchdog.guard("the non-finite gradient vote (hvdtrain.any_rank)"):
+        return _hvd.allreduce(flag, op=Sum, name="hvdtrain.any_rank",
+                              process_set=process_set).item() > 0
