@@ -21,7 +21,7 @@ TALLY = 2  # numbers behind the gradients
 
 
 def flat_with_tally(gradients: list[torch.Tensor], dtype: torch.dtype, device: torch.device,
-                    *, bound: bool) -> torch.Tensor:
+                    *, bound: bool, fused: bool = True) -> torch.Tensor:
     """``gradients`` copied into one buffer, followed by the tally: 1, then their L2 norm
     (:func:`write_bound`) or, without ``bound``, infinity (no bound).
 
@@ -34,6 +34,8 @@ def flat_with_tally(gradients: list[torch.Tensor], dtype: torch.dtype, device: t
         dtype: the buffer's dtype.
         device: the buffer's device.
         bound: whether to compute the norm.
+        fused: use ``hvdtrain._packing`` where it applies; False always takes torch's
+            ``cat`` and ``dot`` (as when it is not built; the benchmarks compare both).
 
     Returns:
         The buffer: every gradient flattened in order, then the ``TALLY`` numbers.
@@ -41,7 +43,7 @@ def flat_with_tally(gradients: list[torch.Tensor], dtype: torch.dtype, device: t
     size = sum(g.numel() for g in gradients)
     flat = torch.empty(size + TALLY, dtype=dtype, device=device)
     flat[size] = 1
-    if bound and _packs_in_one_pass(gradients, flat):
+    if bound and fused and _packs_in_one_pass(gradients, flat):
         square_sum = _packing.pack_float32(tuple(g.data_ptr() for g in gradients),
                                            tuple(g.numel() for g in gradients), flat.data_ptr())
         flat[size + 1] = math.sqrt(square_sum)  # NaN and infinity stay what they are
