@@ -9,7 +9,8 @@ Each run ``{"label", "k", "eta", "warmup", "seed", "micro_batch", "passes"}`` tr
 fresh 1-D conv net (:func:`make_model`) with SGD (momentum 0.9, weight decay 1e-4)
 through hvdtrain's DistributedOptimizer. The global batch is k x base_batch: each of
 the 2 ranks runs ``passes`` backward passes of ``micro_batch`` examples per optimizer
-step (``backward_passes_per_step``), so k counts ranks x passes, and the rate follows
+step (``backward_passes_per_step``, averaged: ``average_aggregated_gradients=True``),
+so k counts ranks x passes, and the rate follows
 ``warmup``:
 
 - ``gradual``: hvdtrain's LinearScalingWarmup (η rising linearly to kη over 5 epochs);
@@ -81,7 +82,8 @@ def train(run: dict, spec: dict, data: dict[str, torch.Tensor]) -> dict:
     model = make_model(run["seed"])
     optimizer = hvt.DistributedOptimizer(
         sgd(model, run["eta"]),
-        model.named_parameters(), backward_passes_per_step=passes)
+        model.named_parameters(), backward_passes_per_step=passes,
+        average_aggregated_gradients=True)
     scheduler = hvt.LinearScalingWarmup(
         optimizer, batch_size_per_worker=micro_batch, steps_per_epoch=steps_per_epoch,
         base_batch_size=spec["base_batch"], milestones=spec["milestones"], gamma=GAMMA,
@@ -135,7 +137,8 @@ def verify_accumulation(check: dict, data: dict[str, torch.Tensor]) -> dict:
         model, reference = make_model(7, dtype), make_model(7, dtype)
         optimizer = hvt.DistributedOptimizer(
             sgd(model, 0.05),
-            model.named_parameters(), backward_passes_per_step=passes)
+            model.named_parameters(), backward_passes_per_step=passes,
+        average_aggregated_gradients=True)
         plain = sgd(reference, 0.05)
         for step in range(steps):
             rows = torch.arange(step * global_batch, (step + 1) * global_batch)

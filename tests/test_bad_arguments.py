@@ -14,6 +14,8 @@ EXPECTED = {
         "optimizer not an optimizer": "TypeError: optimizer must be a torch.optim.Optimizer, e.g.",
         "backward_passes_per_step 0": "backward_passes_per_step must be an int > 0, got 0",
         "backward_passes_per_step 1.5": "backward_passes_per_step must be an int > 0, got 1.5",
+        "average_aggregated_gradients not a bool": "average_aggregated_gradients must be True "
+                                                   "(the mean over micro-batches) or False",
         "unknown compression": "compression must be None, 'fp16' or 'bf16', got 'zip'",
         "unknown op": "op must be hvt.Average, hvt.Sum or hvt.Adasum",
         "overlap not a bool": "overlap must be True, False or None (automatic), got 'yes'",

@@ -111,7 +111,10 @@ class DistributedGradientTape:
     ``gradient()`` returns this worker's own gradients and the optimizer applies the
     mean over the N micro-batches and all workers, with one allreduce per update (a
     tape lives for one pass; Keras keeps the accumulation in the optimizer, which the
-    first ``gradient()`` call makes distributed in place). The non-finite check then
+    first ``gradient()`` call makes distributed in place; an optimizer from
+    ``hvk.DistributedOptimizer(opt, backward_passes_per_step=N)`` is used as it is, and
+    sums the micro-batches unless made with ``average_aggregated_gradients=True``). The
+    non-finite check then
     runs on each averaged update. Clip with the optimizer's ``clipnorm`` /
     ``global_clipnorm``, which see the averaged gradient, not between ``gradient()``
     and ``apply``.

@@ -222,8 +222,9 @@ def test_horovods_names_keep_horovods_meaning(keras_run):
         # the first layer's kernel and bias keep each rank's value, the rest is rank 1's.
         assert run["broadcast"][2:] == [[1.0]] * (len(run["broadcast"]) - 2)
         arguments = run["arguments"]
-        # average_aggregated_gradients=False sums the micro-batches (Horovod's default):
-        # the same step as the mean at twice the rate.
+        # backward_passes_per_step=2 alone sums the micro-batches (Horovod's default,
+        # average_aggregated_gradients=False): the same step as their mean (True) at
+        # twice the rate.
         assert arguments["sum_at_half_rate_vs_mean"] <= 1e-12
         assert arguments["predivided_vs_plain"] <= 1e-12
         assert arguments["fp16_object_vs_name"] == 0.0

@@ -37,6 +37,8 @@ def torch_cases():
         "optimizer not an optimizer": lambda: hvt.DistributedOptimizer("sgd"),
         "backward_passes_per_step 0": lambda: wrapped(backward_passes_per_step=0),
         "backward_passes_per_step 1.5": lambda: wrapped(backward_passes_per_step=1.5),
+        "average_aggregated_gradients not a bool": lambda: wrapped(
+            backward_passes_per_step=2, average_aggregated_gradients="mean"),
         "unknown compression": lambda: wrapped(compression="zip"),
         "unknown op": lambda: wrapped(op="mean"),
         "overlap not a bool": lambda: wrapped(overlap="yes"),

@@ -82,7 +82,8 @@ def fit(name: str, kind: str, passes: int = 1, compression=None, floatx="float64
     x, y = shard(*make_data(passes), hvk.rank())
     model = make_model(seed=123 if hvk.rank() == 0 else 999)  # different until broadcast
     optimizer = hvk.DistributedOptimizer(make_optimizer(kind), compression=compression,
-                                         backward_passes_per_step=passes)
+                                         backward_passes_per_step=passes,
+                                         average_aggregated_gradients=True)
     model.compile(optimizer=optimizer, loss=loss(), jit_compile=False)
     before, raw, after = Recorder(), Recorder(), Recorder()
     model.fit(
@@ -253,9 +254,9 @@ def _fit_once(optimizer: keras.optimizers.Optimizer, passes: int = 1) -> list:
 def _horovod_optimizer_arguments() -> dict:
     """Largest differences between runs that Horovod's meaning says are equal."""
     sgd = keras.optimizers.SGD
-    summed = _fit_once(hvk.DistributedOptimizer(sgd(0.05), backward_passes_per_step=2,
-                                                average_aggregated_gradients=False), 2)
-    averaged = _fit_once(hvk.DistributedOptimizer(sgd(0.1), backward_passes_per_step=2), 2)
+    summed = _fit_once(hvk.DistributedOptimizer(sgd(0.05), backward_passes_per_step=2), 2)
+    averaged = _fit_once(hvk.DistributedOptimizer(sgd(0.1), backward_passes_per_step=2,
+                                                  average_aggregated_gradients=True), 2)
     predivided = _fit_once(hvk.DistributedOptimizer(sgd(0.1), gradient_predivide_factor=4.0))
     plain = _fit_once(hvk.DistributedOptimizer(sgd(0.1)))
     fp16_object = _fit_once(hvk.DistributedOptimizer(sgd(0.1), compression=hvk.Compression.fp16))
@@ -496,7 +497,8 @@ def scenario_accumulate_nonfinite() -> None:
         x[0] = np.nan
     model = make_model()
     optimizer = hvk.DistributedOptimizer(keras.optimizers.SGD(ETA["sgd"]),
-                                         backward_passes_per_step=2, skip_nonfinite=True)
+                                         backward_passes_per_step=2, skip_nonfinite=True,
+                                         average_aggregated_gradients=True)
     model.compile(optimizer=optimizer, loss=loss(), jit_compile=False)
     model.fit(x, y, batch_size=BATCH_PER_WORKER, epochs=1, shuffle=False, verbose=0)
     report("accumulate_nonfinite",
@@ -537,7 +539,8 @@ def scenario_custom_loop_checks() -> None:
     x, y = shard(*make_data(passes=2), hvk.rank())
     model = make_model()
     accumulating = hvk.DistributedOptimizer(keras.optimizers.SGD(ETA["sgd"]),
-                                            backward_passes_per_step=2)
+                                            backward_passes_per_step=2,
+                                            average_aggregated_gradients=True)
     accumulating.build(model.trainable_variables)
 
     @tf.function

@@ -46,8 +46,11 @@ def parameters(model: torch.nn.Module) -> dict:
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
-def train(name: str, kind: str, passes: int = 1, dtype=torch.float64, **wrapper) -> None:
-    """20 steps on this rank's shards through DistributedOptimizer + LinearScalingWarmup."""
+def train(name: str, kind: str, passes: int = 1, dtype=torch.float64, divide_loss=False,
+          **wrapper) -> None:
+    """20 steps on this rank's shards through DistributedOptimizer + LinearScalingWarmup;
+    with ``divide_loss`` each micro-batch's loss is divided by ``passes`` (Horovod's
+    accumulation sums the micro-batches and leaves that to the script)."""
     x, y = make_data(dtype=dtype)
     # Rank 0 starts from the reference's weights; rank 1 from others until the broadcast.
     model = make_model(seed=123 if hvt.rank() == 0 else 999, dtype=dtype)
@@ -65,7 +68,7 @@ def train(name: str, kind: str, passes: int = 1, dtype=torch.float64, **wrapper)
         optimizer.zero_grad()
         for micro in range(passes):
             part = rows(step, micro, hvt.rank(), passes)
-            loss_fn(model, x[part], y[part]).backward()
+            (loss_fn(model, x[part], y[part]) / (passes if divide_loss else 1)).backward()
         optimizer.step()
         scheduler.step()
         checksums.append(checksum(model))
@@ -372,13 +375,15 @@ def main() -> None:
     trainings = {
         "sgd": dict(kind="sgd"),
         "adam": dict(kind="adam"),
-        "sgd_accumulate": dict(kind="sgd", passes=2),
-        "sgd_accumulate4": dict(kind="sgd", passes=4),
-        "adam_accumulate": dict(kind="adam", passes=2),
+        "sgd_accumulate": dict(kind="sgd", passes=2, average_aggregated_gradients=True),
+        "sgd_accumulate4": dict(kind="sgd", passes=4, average_aggregated_gradients=True),
+        "adam_accumulate": dict(kind="adam", passes=2, average_aggregated_gradients=True),
+        "sgd_accumulate_horovod": dict(kind="sgd", passes=2, divide_loss=True),
         "sgd_groups": dict(kind="sgd", groups=2),
         "sgd_predivide": dict(kind="sgd", gradient_predivide_factor=2.0),
         "sgd_overlap": dict(kind="sgd", overlap=True),
-        "adam_accumulate_overlap": dict(kind="adam", passes=2, overlap=True),
+        "adam_accumulate_overlap": dict(kind="adam", passes=2, overlap=True,
+                                        average_aggregated_gradients=True),
         "sgd_fp16": dict(kind="sgd", dtype=torch.float32, compression="fp16"),
         "sgd_bf16": dict(kind="sgd", dtype=torch.float32, compression="bf16"),
         "sgd_float32": dict(kind="sgd", dtype=torch.float32),

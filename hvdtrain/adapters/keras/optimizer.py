@@ -35,7 +35,7 @@ def DistributedOptimizer(
     gradient_predivide_factor: float = 1.0,
     op: Any = None,
     backward_passes_per_step: int = 1,
-    average_aggregated_gradients: bool | None = None,
+    average_aggregated_gradients: bool = False,
     num_groups: int = 0,
     groups: Any = None,
     process_set: Any = None,
@@ -66,10 +66,13 @@ def DistributedOptimizer(
             (Horovod's meaning: the same average, computed with smaller numbers).
         op: ``hvk.Average`` (default) or ``hvk.Sum``.
         backward_passes_per_step: micro-batches per update, accumulated by Keras's own
-            ``gradient_accumulation_steps``; the applied gradient is the mean over the
-            micro-batches and the workers, with one allreduce per update.
-        average_aggregated_gradients: None or True: the mean over micro-batches (as
-            above); False: their sum, Horovod's default (the 1/N left to the user).
+            ``gradient_accumulation_steps``, with one allreduce per update; the applied
+            gradient is their sum averaged over the workers (Horovod's meaning: the
+            script divides its loss by N), or their mean with
+            ``average_aggregated_gradients``.
+        average_aggregated_gradients: True: the mean over the micro-batches and the
+            workers (hvdtrain's way, what ``LinearScalingWarmup``'s k counts); False
+            (Horovod's default): their sum.
         num_groups, groups: accepted; the gradients of an update always go through one
             grouped allreduce here.
         process_set: average over this Horovod process set's ranks only (its ranks
@@ -96,7 +99,7 @@ def DistributedOptimizer(
         loads with plain ``keras.saving.load_model`` too.
     """
     require_positive_int("backward_passes_per_step", backward_passes_per_step)
-    summed = average_aggregated_gradients is False
+    summed = not average_aggregated_gradients
     reduction = _reduction(compression, op, gradient_predivide_factor, process_set,
                            backward_passes_per_step if summed else 1)
     require_instance("optimizer", optimizer, keras.optimizers.Optimizer,
@@ -125,7 +128,7 @@ def PartialDistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str
                                 compression: Any = None, sparse_as_dense: bool = False,
                                 gradient_predivide_factor: float = 1.0, op: Any = None,
                                 backward_passes_per_step: int = 1,
-                                average_aggregated_gradients: bool | None = None,
+                                average_aggregated_gradients: bool = False,
                                 groups: Any = None, process_set: Any = None,
                                 local_layers: Any = None, scale_local_gradients: bool = True
                                 ) -> keras.optimizers.Optimizer:
@@ -172,8 +175,9 @@ def accumulate_across_workers(optimizer: keras.optimizers.Optimizer, passes: int
     with one allreduce per update, for gradients that are each worker's own.
 
     Keras accumulates the micro-batches (``gradient_accumulation_steps``); a plain
-    optimizer becomes distributed in place (as :func:`make_distributed` does), one made
-    by :func:`DistributedOptimizer` is checked to agree.
+    optimizer becomes distributed in place (as :func:`make_distributed` does) and
+    applies their mean; one made by :func:`DistributedOptimizer` is checked to agree
+    and keeps its meaning (the sum unless ``average_aggregated_gradients=True``).
 
     Args:
         optimizer: the Keras optimizer that applies the gradients, made with

@@ -37,7 +37,8 @@ class CheckedAveraging:
 
     def __init__(self, optimizer: torch.optim.Optimizer,
                  named_parameters: list[tuple[str, torch.Tensor]], *,
-                 compression: str | None, backward_passes_per_step: int, op,
+                 compression: str | None, backward_passes_per_step: int,
+                 average_aggregated_gradients: bool, op,
                  groups: int | list[list[torch.Tensor]] | None,
                  skip_nonfinite: bool, check_nonfinite: bool, overlap: bool,
                  gradient_predivide_factor: float, sparse_as_dense: bool,
@@ -49,6 +50,7 @@ class CheckedAveraging:
                                    process_set)
         self.defaults = optimizer.defaults  # Horovod rebuilds with the class's defaults
         self.skip_nonfinite = skip_nonfinite
+        self.average_aggregated_gradients = average_aggregated_gradients
         self.check_nonfinite = check_nonfinite or skip_nonfinite
         self.skipped_steps = 0
         self.steps_taken = 0
@@ -59,7 +61,8 @@ class CheckedAveraging:
 
     def synchronize(self) -> None:
         """Finish the allreduce of every gradient; afterwards each holds the mean over
-        all workers and, with ``backward_passes_per_step > 1``, over the micro-batches."""
+        all workers of the sum of its micro-batches (with ``backward_passes_per_step``
+        > 1), or of their mean with ``average_aggregated_gradients``."""
         # Horovod counts down backward passes per parameter; read them before it resets.
         if not self.process_set.included():  # nothing to average with (Horovod's meaning)
             self._synchronized = True
@@ -67,7 +70,8 @@ class CheckedAveraging:
         passes = {p: self.backward_passes_per_step - left
                   for p, left in self._allreduce_delay.items()}
         self._flat_gradients = []
-        counts = set(passes.values())
+        divide = self.average_aggregated_gradients and self.backward_passes_per_step > 1
+        counts = set(passes.values()) if divide else {1}
         if self._sends_flat():
             # When every gradient saw the same number of passes (the usual case), Horovod's
             # post-scaling divides by it, in the pass that divides by the world size.
@@ -77,9 +81,12 @@ class CheckedAveraging:
                 return
         else:
             with watchdog.guard(self._pending_allreduces):
-                _HorovodOptimizer.synchronize(self)
-                self._average_over_contributors()
-        if self.backward_passes_per_step > 1:
+                try:  # Horovod's synchronize may start the count (gradients no hook sent)
+                    _HorovodOptimizer.synchronize(self)
+                finally:  # a step that failed leaves no count behind for the next one
+                    contributors, self._contributors = self._contributors, None
+                self._average_over_contributors(contributors)
+        if divide:
             for parameter, count in passes.items():
                 if count > 1 and parameter.grad is not None:
                     parameter.grad.div_(count)
@@ -267,11 +274,11 @@ class CheckedAveraging:
                 torch.ones(1), name="hvdtrain.contributors", op=Sum,
                 process_set=self.process_set)
 
-    def _average_over_contributors(self) -> None:
+    def _average_over_contributors(self, handle: Any) -> None:
         """After Horovod's per-tensor averages, which divide by every rank: when some
         ranks had joined (sent zeros), rescale the dense gradients to the average over
-        the ranks that sent them, as the flat path does."""
-        handle, self._contributors = self._contributors, None
+        the ranks that sent them, as the flat path does. ``handle``: this step's count
+        (:meth:`_count_contributors`), or None."""
         if handle is None:
             return
         contributors = round(_hvd.synchronize(handle).item())

@@ -36,6 +36,7 @@ def DistributedOptimizer(
     *,
     compression: Any = None,
     backward_passes_per_step: int = 1,
+    average_aggregated_gradients: bool = False,
     op=Average,
     groups: int | list[list[torch.Tensor]] | None = None,
     skip_nonfinite: bool = False,
@@ -64,9 +65,14 @@ def DistributedOptimizer(
             wire through Horovod's allgather, since Horovod has no bfloat16 reduction;
             it carries fewer bytes than a float32 allreduce only up to 3 workers).
             Horovod's ``Compression.none``/``Compression.fp16`` are accepted too.
-        backward_passes_per_step: micro-batches accumulated per step. The applied
-            gradient is the mean over the micro-batches and workers, so the loss needs
-            no manual scaling (Horovod's own wrapper leaves that 1/N to you).
+        backward_passes_per_step: micro-batches accumulated per step. As in Horovod,
+            their gradients are summed (autograd's accumulation) and the sum averaged
+            over the workers, so the script divides its loss by N, as Horovod's
+            examples do; with ``average_aggregated_gradients`` they are averaged.
+        average_aggregated_gradients: hvdtrain's way (Horovod's TensorFlow name): the
+            applied gradient is the mean over the micro-batches and the workers, so the
+            loss needs no division and ``LinearScalingWarmup``'s k, which counts the
+            micro-batches, matches it.
         op: ``Average`` (default), ``Sum`` or ``Adasum``.
         groups: Horovod's explicit allreduce grouping (an int or lists of parameters).
         skip_nonfinite: skip, on every rank alike, a step whose averaged gradient has a
@@ -122,6 +128,8 @@ def DistributedOptimizer(
     require_initialized("DistributedOptimizer")
     compression = compression_name(compression)
     require_positive_int("backward_passes_per_step", backward_passes_per_step)
+    require_instance("average_aggregated_gradients", average_aggregated_gradients, bool,
+                     "True (the mean over micro-batches) or False (their sum, Horovod's)")
     if op not in (Average, Sum, Adasum):
         raise ValueError("op must be hvt.Average, hvt.Sum or hvt.Adasum")
     if compression == "bf16" and groups is not None:
@@ -158,6 +166,7 @@ def DistributedOptimizer(
             "optimizer class": type(optimizer).__name__,
             "number of param groups": len(optimizer.param_groups),
             "backward_passes_per_step": backward_passes_per_step,
+            "average_aggregated_gradients": average_aggregated_gradients,
             "compression": compression,
             "op": int(op),
             "skip_nonfinite": skip_nonfinite,
@@ -172,7 +181,8 @@ def DistributedOptimizer(
                                          process_set=process_set)
     return distributed_class(type(optimizer))(
         optimizer, named, compression=compression,
-        backward_passes_per_step=backward_passes_per_step, op=op, groups=groups,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients, op=op, groups=groups,
         skip_nonfinite=skip_nonfinite, check_nonfinite=check_nonfinite, overlap=overlap,
         gradient_predivide_factor=gradient_predivide_factor, sparse_as_dense=sparse_as_dense,
         process_set=process_set)

@@ -31,7 +31,9 @@ class LinearScalingWarmup(torch.optim.lr_scheduler.LRScheduler):
     follows :class:`hvdtrain.schedule.LinearScalingSchedule`: η at step 0, rising by a
     constant amount per step to kη after ``warmup_epochs``, then kη times ``gamma`` at
     each milestone epoch, where k = batch_size_per_worker x world_size x
-    backward_passes_per_step / base_batch_size.
+    backward_passes_per_step / base_batch_size. With micro-batches, k assumes the step
+    applies their mean: wrap with ``average_aggregated_gradients=True``, or divide the
+    loss by the number of passes (Horovod's way, whose optimizer sums them).
 
     PyTorch's SGD keeps the learning rate out of its momentum buffer (v = μv + g;
     p -= lr·v), so changing the rate needs no momentum correction here (Goyal et al.'s

@@ -27,7 +27,7 @@ def flat_with_tally(gradients: list[torch.Tensor], dtype: torch.dtype, device: t
 
     Float32 gradients on the CPU are copied and their squares summed in one pass by
     ``hvdtrain._packing`` (when it was built): the bound then costs almost nothing
-    beyond the copy, where a second pass (``torch.dot``) costs half a copy again.
+    beyond the copy, where ``torch.dot`` would read the whole buffer a second time.
 
     Args:
         gradients: the tensors to send, any shapes, all of ``dtype`` on ``device``.
