@@ -8,8 +8,10 @@ A Horovod user switches by changing one import: every public name of
 ``horovod.torch.DistributedOptimizer``). What hvdtrain adds, one module per concern:
 
 - :mod:`.optimizer`: :func:`DistributedOptimizer` averages over accumulated
-  micro-batches too, offers "bf16" compression, names the rank and parameter when
-  models differ, and stops (or skips, on every rank alike) non-finite steps.
+  micro-batches too when asked (``average_aggregated_gradients=True``; Horovod's
+  default sums them), offers "bf16" compression, names the rank and parameter when
+  models differ, and stops (or skips, on every rank alike) non-finite steps;
+  :mod:`.averaging` is how it averages and checks.
 - :mod:`.agreement`: the checks of the named parameters and, at construction, that
   the ranks' models and settings agree (:class:`ParameterMismatchError`).
 - :mod:`.scheduler`: :class:`LinearScalingWarmup`, Goyal et al.'s linear scaling rule

@@ -27,7 +27,10 @@ class LinearScalingWarmup(keras.callbacks.Callback):
     when training first begins, the rate tuned for ``base_batch_size``) rising by a
     constant amount per optimizer step to kη after ``warmup_epochs``, then kη times
     ``gamma`` at each milestone epoch, with k = batch_size_per_worker x world size x
-    gradient-accumulation steps / base_batch_size.
+    gradient-accumulation steps / base_batch_size. With accumulation, k assumes the
+    update applies the mean of the micro-batches: make the optimizer with
+    ``hvk.DistributedOptimizer(opt, backward_passes_per_step=N,
+    average_aggregated_gradients=True)`` (Horovod's default sums them).
 
     Keras's SGD keeps the learning rate inside its velocity (v = m·v - lr·g), so with
     ``momentum_correction`` the velocity slots are multiplied by new_lr/old_lr whenever
