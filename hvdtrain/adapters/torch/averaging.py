@@ -26,8 +26,10 @@ __all__ = ["CheckedAveraging", "distributed_class"]
 
 
 class CheckedAveraging:
-    """hvdtrain's layer over Horovod's distributed optimizer: worker- and micro-batch-
-    averaged gradients, checked for NaN/Inf and watched while they are awaited.
+    """hvdtrain's layer over Horovod's distributed optimizer: worker-averaged gradients
+    (of the micro-batches' sum, or of their mean when asked), checked for NaN/Inf and
+    watched while they are awaited, and averaged over the ranks still training after
+    a ``join()``.
 
     Horovod's methods call ``super(self.__class__, self)``, so its optimizer cannot be
     subclassed; instead these methods sit beside Horovod's in one class whose base is
