@@ -114,10 +114,9 @@ class DistributedGradientTape:
     first ``gradient()`` call makes distributed in place; an optimizer from
     ``hvk.DistributedOptimizer(opt, backward_passes_per_step=N)`` is used as it is, and
     sums the micro-batches unless made with ``average_aggregated_gradients=True``). The
-    non-finite check then
-    runs on each averaged update. Clip with the optimizer's ``clipnorm`` /
-    ``global_clipnorm``, which see the averaged gradient, not between ``gradient()``
-    and ``apply``.
+    non-finite check then runs on each averaged update. Clip with the optimizer's
+    ``clipnorm`` / ``global_clipnorm``, which see the averaged gradient, not between
+    ``gradient()`` and ``apply``.
 
     Shares of different lengths: a rank that runs out calls :func:`join` and sends zeros
     to the others' allreduces, whose average then divides by the ranks that sent
