@@ -185,9 +185,9 @@ class CheckedAveraging:
                     flat.copy_(averaged)
                 gradients, contributors, finite = read_tally(
                     flat, unit, prescale=1.0 / predivide)
-                if self.op == Average and 0 < contributors < self.process_set.size():
-                    # Ranks that called join() sent zeros; average over the others only.
-                    gradients.mul_(self.process_set.size() / contributors)
+                factor = self._joined_rescale(contributors)
+                if factor is not None:
+                    gradients.mul_(factor)
                 offset = 0
                 for parameter in parameters:
                     size = parameter.numel()
@@ -283,12 +283,20 @@ class CheckedAveraging:
         (:meth:`_count_contributors`), or None."""
         if handle is None:
             return
-        contributors = round(_hvd.synchronize(handle).item())
-        size = self.process_set.size()
-        if 0 < contributors < size:
+        factor = self._joined_rescale(round(_hvd.synchronize(handle).item()))
+        if factor is not None:
             for parameter in self._requires_update:
                 if parameter.grad is not None and not parameter.grad.is_sparse:
-                    parameter.grad.mul_(size / contributors)
+                    parameter.grad.mul_(factor)
+
+    def _joined_rescale(self, contributors: int) -> float | None:
+        """The factor that turns an average over every rank of the set into one over
+        the ``contributors`` that sent gradients (ranks that called ``join()`` sent
+        zeros); None when all did, or the reduction is not an average."""
+        size = self.process_set.size()
+        if self.op == Average and 0 < contributors < size:
+            return size / contributors
+        return None
 
 
 def distributed_class(base: type) -> type:
