@@ -175,7 +175,7 @@ class DistributedGradientTape:
                 self.optimizer, self.backward_passes_per_step, compression=self.compression,
                 op=self.op, check_nonfinite=self.check_nonfinite)
             return tf.nest.pack_sequence_as(
-                grads, [None if g is None else tf.convert_to_tensor(g) for g in flat])
+                grads, [None if g is None else collectives.dense(g) for g in flat])
         averaged = collectives.average_gradients(flat, self.compression, self.op)
         if self.check_nonfinite:
             step = self.optimizer.iterations if self.optimizer is not None else "(unknown)"

@@ -90,7 +90,7 @@ def average_gradients(grads: Sequence[Any], compression: str | None, op: Any, *,
     present = [i for i, g in enumerate(grads) if g is not None]
     if not present:
         return list(grads)
-    tensors = [_dense(grads[i]) for i in present]
+    tensors = [dense(grads[i]) for i in present]
     within = {} if process_set is None else {"process_set": process_set}
     hvd = horovod()
     if compression == "bf16":
@@ -171,7 +171,7 @@ def sum_over_ranks(tensor: Any, name: str) -> Any:
     return hvd.allreduce(tensor, op=hvd.Sum, name=name, **_UNSCOPED)
 
 
-def _dense(gradient: Any) -> Any:
+def dense(gradient: Any) -> Any:
     """``gradient`` as a dense tensor. Embedding layers give tf.IndexedSlices on TensorFlow,
     which keras.ops.convert_to_tensor keeps sparse, and Horovod would allgather them (no
     allreduce, so no join and no count of contributors)."""

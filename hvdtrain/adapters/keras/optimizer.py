@@ -21,6 +21,10 @@ from hvdtrain.validation import (
     require_positive_number,
 )
 
+_NO_LOSS_SCALED_ACCUMULATION = ("backward_passes_per_step > 1 is not supported with loss "
+                                "scaling (mixed_float16); accumulate in float32, or use "
+                                "mixed_bfloat16")
+
 __all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "accumulate_across_workers",
            "gradient_compression", "make_distributed", "require_agreeing_loss_scaling"]
 
@@ -195,9 +199,7 @@ def accumulate_across_workers(optimizer: keras.optimizers.Optimizer, passes: int
     require_instance("optimizer", optimizer, keras.optimizers.Optimizer,
                      "the Keras 3 optimizer that applies these gradients")
     if isinstance(optimizer, LossScaleOptimizer):
-        raise ValueError(f"backward_passes_per_step={passes} is not supported with loss "
-                         "scaling (mixed_float16); accumulate in float32, or use "
-                         "mixed_bfloat16")
+        raise ValueError(_NO_LOSS_SCALED_ACCUMULATION)
     configured = optimizer.gradient_accumulation_steps or 1
     if configured != passes:
         raise ValueError(
@@ -292,8 +294,7 @@ def _distributed_loss_scale(optimizer: keras.optimizers.Optimizer, reduction: _R
     """``optimizer`` (or a plain one inside a LossScaleOptimizer) with the loss scaling's
     decision taken on the worker-averaged gradients."""
     if backward_passes_per_step > 1:
-        raise ValueError("backward_passes_per_step > 1 is not supported with loss scaling "
-                         "(mixed_float16); accumulate in float32, or use mixed_bfloat16")
+        raise ValueError(_NO_LOSS_SCALED_ACCUMULATION)
     if not isinstance(optimizer, LossScaleOptimizer):
         optimizer = LossScaleOptimizer(optimizer)
     inner = optimizer.inner_optimizer
