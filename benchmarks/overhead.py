@@ -43,9 +43,8 @@ TARGET_CHECK_SHARE = 0.01
 
 def run(folder: Path, smoke: bool) -> dict:
     entries = []
-    for framework, model, (rounds, steps) in RUNS:
-        if smoke:
-            rounds, steps = 2, 3
+    plan = [(framework, model, (2, 3) if smoke else sizes) for framework, model, sizes in RUNS]
+    for framework, model, (rounds, steps) in plan:
         for controller in CONTROLLERS[:1] if smoke else CONTROLLERS:
             progress(f"overhead: {framework} ({model}) over {controller}, {rounds} alternating "
                      f"rounds of {steps} steps")
@@ -96,8 +95,9 @@ def run(folder: Path, smoke: bool) -> dict:
               {f"{e['framework']} {e['model']}\n{e['controller']}": e["median_ratio"]["hvdtrain"]
                for e in entries}, "median ratio", reference=("target 1.01", TARGET_RATIO),
               ylim=(0.9, 1.1))
-    write_result(folder, "overhead", {"rounds": rounds, "steps_per_round": steps,
-                                      "threads_per_rank": 1, "workers": 2},
+    runs = [{"framework": framework, "model": model, "rounds": rounds, "steps_per_round": steps}
+            for framework, model, (rounds, steps) in plan]
+    write_result(folder, "overhead", {"runs": runs, "threads_per_rank": 1, "workers": 2},
                  {"target_ratio": TARGET_RATIO, "entries": entries})
     return {"entries": entries}
 
