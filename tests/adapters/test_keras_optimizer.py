@@ -112,6 +112,12 @@ def test_skip_nonfinite_skips_the_update_on_every_rank(keras_run):
         assert report["finite_after_skip"]  # and the replicas were then compared
 
 
+def test_check_nonfinite_false_applies_the_update_as_horovod_does(keras_run):
+    for report in keras_run.both("failures"):
+        assert report["unchecked_error"] is None
+        assert report["unchecked_nan"]  # the NaN reached the weights on every rank
+
+
 @pytest.mark.parametrize(("arguments", "message"), [
     ({"compression": "int8"}, "compression must be None, 'fp16' or 'bf16'"),
     ({"backward_passes_per_step": 0}, "backward_passes_per_step must be an int > 0"),

@@ -314,7 +314,9 @@ def scenario_replica_check_and_metrics() -> None:
 
 
 def scenario_failures() -> None:
-    """A NaN on rank 1, and ranks that start with different settings: errors everywhere."""
+    """A NaN on rank 1 (stops fit; skipped with skip_nonfinite; applied with
+    check_nonfinite=False), and ranks that start with different settings: errors
+    everywhere."""
     use_floatx("float64")
     x, y = shard(*make_data(), hvk.rank())
     if hvk.rank() == 1:
@@ -337,6 +339,16 @@ def scenario_failures() -> None:
     skipped = int(keras.ops.convert_to_numpy(optimizer.skipped_steps))
     finite_after_skip = bool(np.all([np.isfinite(w).all() for w in model.get_weights()]))
     hvk.verify_replicas(model)
+    model = make_model()
+    model.compile(optimizer=hvk.DistributedOptimizer(make_optimizer("sgd"),
+                                                     check_nonfinite=False),
+                  loss=loss(), jit_compile=False)
+    try:  # Horovod's way: the NaN update is applied and training goes on
+        model.fit(x, y, batch_size=BATCH_PER_WORKER, epochs=1, shuffle=False, verbose=0)
+        unchecked_error = None
+    except Exception as error:
+        unchecked_error = f"{type(error).__name__}: {error}"
+    unchecked_nan = bool(np.any([np.isnan(w).any() for w in model.get_weights()]))
     errors = {}
     for check, optimizer, batch in (("optimizer", "adam" if hvk.rank() == 1 else "sgd", 4),
                                     ("batch size", "sgd", 4 if hvk.rank() == 0 else 8)):
@@ -351,7 +363,8 @@ def scenario_failures() -> None:
         except hvk.RankDisagreementError as error:
             errors[check] = str(error)
     report("failures", nonfinite=nonfinite, disagreements=errors, skipped=skipped,
-           finite_after_skip=finite_after_skip)
+           finite_after_skip=finite_after_skip, unchecked_error=unchecked_error,
+           unchecked_nan=unchecked_nan)
 
 
 def tape_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, passes: int = 1):

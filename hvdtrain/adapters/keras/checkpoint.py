@@ -62,7 +62,8 @@ def write_model(model: keras.Model, path: str | os.PathLike[str], *,
 
 def load_model(path: str | os.PathLike[str], custom_optimizers: list[type] | None = None,
                custom_objects: dict[str, Any] | None = None, compression: Any = None, *,
-               op: Any = None, skip_nonfinite: bool = False, **load_kwargs: Any) -> keras.Model:
+               op: Any = None, skip_nonfinite: bool = False, check_nonfinite: bool = True,
+               **load_kwargs: Any) -> keras.Model:
     """Load a model saved with ``model.save`` (or :func:`save_model`) on every rank, from
     rank 0's file, and make its optimizer distributed.
 
@@ -97,7 +98,7 @@ def load_model(path: str | os.PathLike[str], custom_optimizers: list[type] | Non
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None:
         make_distributed(optimizer, compression=compression, op=op,
-                         skip_nonfinite=skip_nonfinite)
+                         skip_nonfinite=skip_nonfinite, check_nonfinite=check_nonfinite)
     return model
 
 

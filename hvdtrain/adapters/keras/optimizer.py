@@ -46,6 +46,7 @@ def DistributedOptimizer(
     scale_local_gradients: bool = True,
     *,
     skip_nonfinite: bool = False,
+    check_nonfinite: bool = True,
 ) -> keras.optimizers.Optimizer:
     """A copy of ``optimizer`` (same class and configuration) that averages gradients.
 
@@ -87,6 +88,10 @@ def DistributedOptimizer(
         skip_nonfinite: skip, on every rank alike, an update whose averaged gradient has
             a NaN or Inf (no weight decay, no change to weights or slots) and count it in
             ``optimizer.skipped_steps``; without it such an update stops training.
+        check_nonfinite: without ``skip_nonfinite``, stop training when an averaged
+            gradient holds a NaN or Inf (one sum of the averaged gradients, read exactly
+            only when that sum is not finite; the cost is in README.md, "Benchmarks");
+            False applies such an update, as Horovod does.
 
     Mixed precision: under the ``mixed_float16`` policy (set before this call), or given
     a ``keras.optimizers.LossScaleOptimizer``, the result is a LossScaleOptimizer that
@@ -123,8 +128,8 @@ def DistributedOptimizer(
                 f"the optimizer already has gradient_accumulation_steps={configured}, which "
                 f"contradicts backward_passes_per_step={backward_passes_per_step}; give one")
         config["gradient_accumulation_steps"] = backward_passes_per_step
-    return _distributed_class(type(optimizer), reduction, "skip" if skip_nonfinite else "raise"
-                              ).from_config(config)
+    return _distributed_class(type(optimizer), reduction,
+                              _on_nonfinite(skip_nonfinite, check_nonfinite)).from_config(config)
 
 
 def PartialDistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None = None,
@@ -161,7 +166,8 @@ def PartialDistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str
 
 
 def make_distributed(optimizer: keras.optimizers.Optimizer, *, compression: Any = None,
-                     op: Any = None, skip_nonfinite: bool = False) -> None:
+                     op: Any = None, skip_nonfinite: bool = False,
+                     check_nonfinite: bool = True) -> None:
     """Make an optimizer that already holds state (a loaded model's) distributed, in
     place; the arguments are :func:`DistributedOptimizer`'s."""
     reduction = _reduction(compression, op, 1.0, None, 1)
@@ -169,7 +175,7 @@ def make_distributed(optimizer: keras.optimizers.Optimizer, *, compression: Any 
         optimizer.__class__ = _loss_scale_class(type(optimizer), reduction)
     else:
         optimizer.__class__ = _distributed_class(
-            type(optimizer), reduction, "skip" if skip_nonfinite else "raise")
+            type(optimizer), reduction, _on_nonfinite(skip_nonfinite, check_nonfinite))
 
 
 def accumulate_across_workers(optimizer: keras.optimizers.Optimizer, passes: int, *,
@@ -212,12 +218,20 @@ def accumulate_across_workers(optimizer: keras.optimizers.Optimizer, passes: int
     existing = _reduction_of(optimizer)
     if existing is None:
         optimizer.__class__ = _distributed_class(
-            type(optimizer), reduction, "raise" if check_nonfinite else "ignore", TAPE_REMEDY)
+            type(optimizer), reduction, _on_nonfinite(False, check_nonfinite), TAPE_REMEDY)
     elif (existing.compression, existing.op) != (reduction.compression, reduction.op):
         raise ValueError(
             f"the optimizer already reduces its gradients (compression="
             f"{existing.compression!r}, op={existing.op!r}) and the tape was given "
             f"compression={compression!r}, op={op!r}: give them to one of the two")
+
+
+def _on_nonfinite(skip_nonfinite: bool, check_nonfinite: bool) -> str:
+    """What a distributed class does with an averaged gradient holding NaN or Inf
+    (``_distributed_class``'s ``on_nonfinite``); skipping implies checking."""
+    if skip_nonfinite:
+        return "skip"
+    return "raise" if check_nonfinite else "ignore"
 
 
 @dataclasses.dataclass(frozen=True)
