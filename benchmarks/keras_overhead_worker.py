@@ -1,11 +1,14 @@
 """Step time of hvdtrain's Keras DistributedOptimizer against a bare allreduce-in-apply
 optimizer, on every rank: ``python keras_overhead_worker.py ROUNDS STEPS [MODEL]``.
 
-Two copies of MODEL (keras_models.py; default the MLP) are compiled, one with
-``hvk.DistributedOptimizer(SGD)``, one with an SGD whose ``apply`` averages the
-gradients with one Horovod grouped allreduce (the least a Keras 3 user would write),
-and trained alternately (A B, B A, ...) with ``train_on_batch`` for ROUNDS rounds of
-STEPS timed steps. Rank 0 prints ``RESULT {json}`` with each round's median step time.
+Three copies of MODEL (keras_models.py; default the MLP) are compiled: with
+``hvk.DistributedOptimizer(SGD)``, with the same and ``check_nonfinite=False``, and with
+an SGD whose ``apply`` averages the gradients with one Horovod grouped allreduce (the
+least a Keras 3 user would write); they train in rotation (A B C, B C A, ...) with
+``train_on_batch`` for ROUNDS rounds of STEPS timed steps. The non-finite check is also
+timed alone: a compiled function that checks tensors shaped like the model's gradients
+against one that passes them through. Rank 0 prints ``RESULT {json}`` with each round's
+median step time and the check's median time per call.
 """
 
 import json
@@ -20,8 +23,10 @@ from common import rotated
 from keras_models import BATCH_PER_WORKER, loss, make_data, make_model
 
 import hvdtrain.adapters.keras as hvk
+from hvdtrain.adapters.keras import collectives
 
 WARMUP_STEPS = 3
+CHECK_CALLS = 200
 
 
 class AllreduceInApplySGD(keras.optimizers.SGD):
@@ -48,6 +53,24 @@ def step_times(model, x, y, steps: int) -> list[float]:
     return times
 
 
+def check_seconds(model: keras.Model, rounds: int) -> float:
+    """The non-finite check's time per call on tensors shaped like ``model``'s gradients:
+    the median over ``rounds`` of (checked call - passed-through call)."""
+    grads = [tf.ones_like(v) for v in model.trainable_variables]
+    step = tf.constant(0, tf.int64)
+    checked = tf.function(lambda g: collectives.require_finite(g, step))
+    passed = tf.function(lambda g: [tf.identity(t) for t in g])
+
+    def per_call(function) -> float:
+        function(grads)
+        started = time.perf_counter()
+        for _ in range(CHECK_CALLS):
+            function(grads)
+        return (time.perf_counter() - started) / CHECK_CALLS
+
+    return statistics.median(per_call(checked) - per_call(passed) for _ in range(rounds))
+
+
 def main() -> None:
     rounds, steps = int(sys.argv[1]), int(sys.argv[2])
     model_name = sys.argv[3] if len(sys.argv) > 3 else "mlp"
@@ -58,15 +81,19 @@ def main() -> None:
     contenders = {"allreduce_in_apply": compiled(model_name,
                                                  AllreduceInApplySGD(0.01, momentum=0.9)),
                   "hvdtrain": compiled(model_name, hvk.DistributedOptimizer(
-                      keras.optimizers.SGD(0.01, momentum=0.9)))}
+                      keras.optimizers.SGD(0.01, momentum=0.9))),
+                  "hvdtrain_unchecked": compiled(model_name, hvk.DistributedOptimizer(
+                      keras.optimizers.SGD(0.01, momentum=0.9), check_nonfinite=False))}
     names = list(contenders)
     medians = {name: [] for name in names}
     for round_number in range(rounds):
         for name in rotated(names, round_number):
             step_times(contenders[name], x, y, WARMUP_STEPS)
             medians[name].append(statistics.median(step_times(contenders[name], x, y, steps)))
+    check_s = check_seconds(contenders["hvdtrain"], max(3, rounds // 5))
     if hvk.rank() == 0:
-        print("RESULT " + json.dumps({"round_medians_s": medians, "model": model_name,
+        print("RESULT " + json.dumps({"round_medians_s": medians, "check_s": check_s,
+                                      "model": model_name,
                                       "batch_per_worker": BATCH_PER_WORKER[model_name],
                                       "workers": hvk.size()}), flush=True)
 
