@@ -17,11 +17,11 @@ def test_an_unsupported_keras_backend_gets_an_error_naming_the_supported_ones(mo
         collectives.horovod.__wrapped__()
 
 
-def _gradients(dtype: str, bad: float | None = None, at: int = 0) -> list:
-    """Three gradient-like arrays (the second 33 x 17, so its sum has a vectorised body and
+def _gradients(bad: float | None = None, at: int = 0) -> list:
+    """Three float32 gradient-like arrays (the second 33 x 17, so its sum has a vectorised body and
     a tail), with ``bad`` written at flat position ``at`` of the second."""
     rng = np.random.default_rng(0)
-    arrays = [rng.standard_normal(shape).astype(dtype) for shape in ((7,), (33, 17), (5, 3))]
+    arrays = [rng.standard_normal(shape).astype("float32") for shape in ((7,), (33, 17), (5, 3))]
     if bad is not None:
         arrays[1].reshape(-1)[at] = bad
     return arrays
@@ -34,9 +34,9 @@ def test_all_finite_agrees_with_numpy_for_every_position_and_kind_of_bad_value(g
     from hvdtrain.adapters.keras import collectives
 
     check = tf.function(collectives.all_finite) if graph else collectives.all_finite
-    cases = [("clean", _gradients("float32"))]
+    cases = [("clean", _gradients())]
     for bad in (np.nan, np.inf, -np.inf):
-        cases += [(f"{bad} at {at}", _gradients("float32", bad, at))
+        cases += [(f"{bad} at {at}", _gradients(bad, at))
                   for at in (0, 1, 7, 8, 15, 16, 300, 33 * 17 - 1)]
     for label, arrays in cases:
         tensors = [tf.constant(a) for a in arrays]
