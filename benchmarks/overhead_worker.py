@@ -1,10 +1,12 @@
 """Step time of hvdtrain's PyTorch DistributedOptimizer against raw Horovod's, on every
 rank: ``python overhead_worker.py ROUNDS STEPS [MODEL]``.
 
-Seven copies of MODEL (models.py; default the MLP), wrapped by
-``horovod.torch.DistributedOptimizer``, by ``hvdtrain.adapters.torch.DistributedOptimizer``
-(default: with the non-finite check, its bound summed while the gradients are copied),
-by the latter with ``check_nonfinite=False``, by the latter taking the bound with a
+Eight copies of MODEL (models.py; default the MLP), wrapped by
+``horovod.torch.DistributedOptimizer``, by
+``hvdtrain.adapters.torch.DistributedOptimizer`` (default: with the non-finite check,
+its bound summed while the gradients are copied), by the latter with
+``check_nonfinite=False``, with ``overlap=True`` (Horovod's per-tensor allreduces during
+the backward pass instead of one after it), by the latter taking the bound with a
 ``dot`` after the copy (before the fused packing), by the latter checking the old way
 (reading every averaged gradient instead of the bound carried in the allreduce), and
 with ``skip_nonfinite=True`` both ways (the old way also votes with one more
@@ -13,10 +15,9 @@ timed steps each, one compute thread per rank, all under hvdtrain's runtime defa
 (``hvt.init()`` applies them to the process). The non-finite checks are also timed on
 their own (wall time of their parts per step), since the difference of two noisy step
 times is a poor measure of 0.1 ms: a check with a bound is what packing the gradients
-with it takes beyond packing them without it (the unchecked contender's), plus the
-look at the reduced bound. Rank 0 prints ``RESULT {json}`` with each round's median
-step time per contender and the median time of one check each way.
-"""
+with it takes beyond packing them without it (the unchecked contender's), plus the look
+at the reduced bound. Rank 0 prints ``RESULT {json}`` with each round's median step time
+per contender and the median time of one check each way. """
 
 import functools
 import json
@@ -100,6 +101,7 @@ def main() -> None:
         "horovod": lambda o, n: hvd.DistributedOptimizer(o, named_parameters=n),
         "hvdtrain": lambda o, n: hvt.DistributedOptimizer(o, n),
         "hvdtrain_unchecked": lambda o, n: hvt.DistributedOptimizer(o, n, check_nonfinite=False),
+        "hvdtrain_overlap": lambda o, n: hvt.DistributedOptimizer(o, n, overlap=True),
         "hvdtrain_read_check": lambda o, n: without_the_bound(hvt.DistributedOptimizer(o, n)),
         "hvdtrain_dot_check": lambda o, n: with_a_dot_bound(hvt.DistributedOptimizer(o, n)),
         # skip_nonfinite=True: the bound makes the skip decision without a vote collective
