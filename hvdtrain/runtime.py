@@ -21,7 +21,7 @@ import os
 import sys
 from collections.abc import Mapping
 
-from hvdtrain import watchdog
+from hvdtrain import allocator, watchdog
 
 RUNTIME_DEFAULTS = {
     "HOROVOD_STALL_CHECK_TIME_SECONDS": "10",
@@ -66,7 +66,8 @@ _LAUNCHER_SIZE_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 
 def apply_runtime_defaults(accelerator: bool = True) -> None:
-    """Set hvdtrain's Horovod and MPI defaults, leaving any variable the user already set.
+    """Set hvdtrain's Horovod and MPI defaults, leaving any variable the user already set,
+    and keep freed memory in the process (:func:`hvdtrain.allocator.keep_freed_memory`).
 
     Args:
         accelerator: whether this process can see an accelerator (GPU); without one the
@@ -77,6 +78,7 @@ def apply_runtime_defaults(accelerator: bool = True) -> None:
                 **(ELASTIC_DEFAULTS if elastic_job() else {})}
     for name, value in defaults.items():
         os.environ.setdefault(name, value)
+    allocator.keep_freed_memory()
 
 
 def missing_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
