@@ -17,6 +17,7 @@ def test_core_modules_import_without_any_framework():
         sys.meta_path.insert(0, Blocker())
         import hvdtrain, hvdtrain.adapters, hvdtrain.schedule, hvdtrain.checkpoint
         import hvdtrain.consistency, hvdtrain.replicas, hvdtrain.runtime, hvdtrain.watchdog
+        import hvdtrain.allocator
         import hvdtrain.validation, hvdtrain.metrics, hvdtrain.nonfinite, hvdtrain.trees
         import hvdtrain.launch, hvdtrain.cli, hvdtrain.doctor
         assert hvdtrain.cli.main(["schedule", "--base-lr", "0.1", "--batch-size-per-worker",
