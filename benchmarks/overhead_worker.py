@@ -17,7 +17,8 @@ their own (wall time of their parts per step), since the difference of two noisy
 times is a poor measure of 0.1 ms: a check with a bound is what packing the gradients
 with it takes beyond packing them without it (the unchecked contender's), plus the look
 at the reduced bound. Rank 0 prints ``RESULT {json}`` with each round's median step time
-per contender and the median time of one check each way. """
+per contender and the median time of one check each way.
+"""
 
 import functools
 import json
