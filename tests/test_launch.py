@@ -22,8 +22,8 @@ def test_collectives_match_an_independent_computation(controller):
         assert report["allgather"] == sent
 
 
-def test_each_rank_has_its_own_exit_code_and_output():
-    result = launch("exit_codes.py")
+def test_each_rank_has_its_own_exit_code_and_output(tmp_path):
+    result = launch("exit_codes.py", str(tmp_path))
     assert not result.ok
     assert [r.exit_code for r in result.ranks] == [0, 3]
     assert "rank 0 says hello" in result.ranks[0].output

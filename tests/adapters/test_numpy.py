@@ -74,9 +74,11 @@ def test_verify_replicas_names_the_rank_and_array(run):
         assert "rank(s) [1]" in report["message"] and "array[1]" in report["message"]
 
 
-def test_gloo_launch_gets_a_clear_error():
-    result = launch("numpy_under_gloo.py", controller="gloo", timeout=120)
-    assert [rank.exit_code for rank in result.ranks] == [3, 3]
+def test_gloo_launch_gets_a_clear_error(tmp_path):
+    result = launch("numpy_under_gloo.py", str(tmp_path), controller="gloo", timeout=120)
+    # The first rank to exit records 3; horovodrun may stop the other before it records its own.
+    codes = [rank.exit_code for rank in result.ranks]
+    assert 3 in codes and set(codes) <= {3, None}, codes
     for rank in result.ranks:
         assert "horovodrun --gloo" in rank.output
         assert "horovodrun --mpi -np N" in rank.output and "mpirun -np N" in rank.output

@@ -1,4 +1,14 @@
-"""Calls hvn.init() under whatever launcher started it; prints the error it raises."""
+"""Calls hvn.init() under whatever launcher started it; prints the error it raises.
+
+``numpy_under_gloo.py DIR``: after printing, each rank leaves a mark in DIR and exits
+only once every rank has printed, so horovodrun, which stops the others as soon as one
+fails, cannot cut a slower rank off before its error is on record.
+"""
+
+import os
+import sys
+import time
+from pathlib import Path
 
 import hvdtrain.adapters.numpy as hvn
 
@@ -6,5 +16,11 @@ try:
     hvn.init()
     print("initialised: size", hvn.size())
 except RuntimeError as error:
-    print("REPORT-ERROR", error)
+    print("REPORT-ERROR", error, flush=True)
+    marks = Path(sys.argv[1])
+    (marks / f"printed-{os.environ['HOROVOD_RANK']}").touch()
+    deadline = time.monotonic() + 60
+    size = int(os.environ["HOROVOD_SIZE"])
+    while len(list(marks.glob("printed-*"))) < size and time.monotonic() < deadline:
+        time.sleep(0.05)
     raise SystemExit(3) from None
