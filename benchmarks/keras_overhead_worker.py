@@ -1,14 +1,18 @@
 """Step time of hvdtrain's Keras DistributedOptimizer against a bare allreduce-in-apply
 optimizer, on every rank: ``python keras_overhead_worker.py ROUNDS STEPS [MODEL]``.
 
-Three copies of MODEL (keras_models.py; default the MLP) are compiled: with
-``hvk.DistributedOptimizer(SGD)``, with the same and ``check_nonfinite=False``, and with
-an SGD whose ``apply`` averages the gradients with one Horovod grouped allreduce (the
-least a Keras 3 user would write); they train in rotation (A B C, B C A, ...) with
-``train_on_batch`` for ROUNDS rounds of STEPS timed steps. The non-finite check is also
-timed alone: a compiled function that checks tensors shaped like the model's gradients
-against one that passes them through. Rank 0 prints ``RESULT {json}`` with each round's
-median step time and the check's median time per call.
+Four copies of MODEL (keras_models.py; default the MLP) are compiled: with
+``hvk.DistributedOptimizer(SGD)``, with the same and ``check_nonfinite=False``, with an
+SGD whose ``apply`` averages the gradients with one Horovod grouped allreduce (the
+least a Keras 3 user would write), and with that SGD followed by hvdtrain's separate
+non-finite check (how hvdtrain checked before the flat buffer: a read of every averaged
+gradient); they train in rotation (A B C D, B C D A, ...) with ``train_on_batch`` for
+ROUNDS rounds of STEPS timed steps. The check is also timed alone, on tensors shaped
+like the model's gradients, both ways: what hvdtrain does around the allreduce with the
+check against without it (packing with and without the bound, unpacking with and
+without the look at it), and the separate read against a pass-through. Rank 0 prints
+``RESULT {json}`` with each round's median step time and the checks' median times per
+call.
 """
 
 import json
@@ -23,7 +27,7 @@ from common import rotated
 from keras_models import BATCH_PER_WORKER, loss, make_data, make_model
 
 import hvdtrain.adapters.keras as hvk
-from hvdtrain.adapters.keras import collectives
+from hvdtrain.adapters.keras import collectives, tally
 
 WARMUP_STEPS = 3
 CHECK_CALLS = 200
@@ -36,6 +40,16 @@ class AllreduceInApplySGD(keras.optimizers.SGD):
         averaged = hvd.grouped_allreduce(list(grads), op=hvd.Average, name="baseline",
                                          ignore_name_scope=True)
         return super().apply(averaged, trainable_variables)
+
+
+class ReadCheckSGD(AllreduceInApplySGD):
+    """The baseline, then hvdtrain's separate non-finite check of the averaged gradients."""
+
+    def apply(self, grads, trainable_variables=None):
+        averaged = hvd.grouped_allreduce(list(grads), op=hvd.Average, name="read_check",
+                                         ignore_name_scope=True)
+        averaged = collectives.require_finite(averaged, self.iterations)
+        return keras.optimizers.SGD.apply(self, averaged, trainable_variables)
 
 
 def compiled(name: str, optimizer) -> keras.Model:
@@ -53,13 +67,25 @@ def step_times(model, x, y, steps: int) -> list[float]:
     return times
 
 
-def check_seconds(model: keras.Model, rounds: int) -> float:
-    """The non-finite check's time per call on tensors shaped like ``model``'s gradients:
-    the median over ``rounds`` of (checked call - passed-through call)."""
+def check_seconds(model: keras.Model, rounds: int) -> dict[str, float | bool]:
+    """The non-finite check's time per call on tensors shaped like ``model``'s gradients,
+    the median over ``rounds`` of (checked call - unchecked call): ``check_s`` the way
+    hvdtrain checks (with the flat buffer where it applies: pack and unpack with the
+    bound and its look, against without), ``read_check_s`` the separate read of every
+    gradient (against a pass-through); ``flat_buffer`` whether the gradients take the
+    flat buffer."""
     grads = [tf.ones_like(v) for v in model.trainable_variables]
     step = tf.constant(0, tf.int64)
-    checked = tf.function(lambda g: collectives.require_finite(g, step))
+
+    def flat(check: bool):
+        shapes = [g.shape for g in grads]
+        return tf.function(lambda g: tally.unpack(tally.pack(g, bound=check), shapes, step,
+                                                  check=check, message="{step}")[0])
+
+    read = tf.function(lambda g: collectives.require_finite(g, step))
     passed = tf.function(lambda g: [tf.identity(t) for t in g])
+    pairs = {"read_check_s": (read, passed)}
+    pairs["check_s"] = (flat(True), flat(False)) if tally.packs(grads) else (read, passed)
 
     def per_call(function) -> float:
         function(grads)
@@ -68,7 +94,10 @@ def check_seconds(model: keras.Model, rounds: int) -> float:
             function(grads)
         return (time.perf_counter() - started) / CHECK_CALLS
 
-    return statistics.median(per_call(checked) - per_call(passed) for _ in range(rounds))
+    return {"flat_buffer": tally.packs(grads),
+            **{key: statistics.median(per_call(checked) - per_call(unchecked)
+                                      for _ in range(rounds))
+               for key, (checked, unchecked) in pairs.items()}}
 
 
 def main() -> None:
@@ -83,16 +112,17 @@ def main() -> None:
                   "hvdtrain": compiled(model_name, hvk.DistributedOptimizer(
                       keras.optimizers.SGD(0.01, momentum=0.9))),
                   "hvdtrain_unchecked": compiled(model_name, hvk.DistributedOptimizer(
-                      keras.optimizers.SGD(0.01, momentum=0.9), check_nonfinite=False))}
+                      keras.optimizers.SGD(0.01, momentum=0.9), check_nonfinite=False)),
+                  "grouped_read_check": compiled(model_name, ReadCheckSGD(0.01, momentum=0.9))}
     names = list(contenders)
     medians = {name: [] for name in names}
     for round_number in range(rounds):
         for name in rotated(names, round_number):
             step_times(contenders[name], x, y, WARMUP_STEPS)
             medians[name].append(statistics.median(step_times(contenders[name], x, y, steps)))
-    check_s = check_seconds(contenders["hvdtrain"], max(3, rounds // 5))
+    checks = check_seconds(contenders["hvdtrain"], max(3, rounds // 5))
     if hvk.rank() == 0:
-        print("RESULT " + json.dumps({"round_medians_s": medians, "check_s": check_s,
+        print("RESULT " + json.dumps({"round_medians_s": medians, **checks,
                                       "model": model_name,
                                       "batch_per_worker": BATCH_PER_WORKER[model_name],
                                       "workers": hvk.size()}), flush=True)

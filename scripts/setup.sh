@@ -228,6 +228,12 @@ install_hvdtrain() {
     # setup.py marks the helper optional (pip installs without a compiler); here it must be.
     "$VENV/bin/python" -c "import hvdtrain._packing" \
         || die "hvdtrain._packing (the torch adapter's fused gradient packing) was not built"
+    # stderr only carries TensorFlow's start-up chatter, unless the load itself fails.
+    TF_CPP_MIN_LOG_LEVEL=2 KERAS_BACKEND=tensorflow "$VENV/bin/python" -c \
+        "from hvdtrain.adapters.keras import tally; assert tally.native_ops(), 'not built'" \
+        2>"$BUILD_DIR/tf-packing.err" \
+        || { cat "$BUILD_DIR/tf-packing.err" >&2
+             die "hvdtrain._tf_packing (the Keras adapter's flat-buffer ops) was not built or does not load"; }
     local report
     # stderr only carries TensorFlow's start-up chatter, unless the check itself fails.
     report="$("$VENV/bin/horovodrun" --check-build 2>"$BUILD_DIR/check-build.err")" \

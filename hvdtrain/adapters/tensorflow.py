@@ -176,10 +176,11 @@ class DistributedGradientTape:
                 op=self.op, check_nonfinite=self.check_nonfinite)
             return tf.nest.pack_sequence_as(
                 grads, [None if g is None else collectives.dense(g) for g in flat])
-        averaged = collectives.average_gradients(flat, self.compression, self.op)
+        step = None
         if self.check_nonfinite:
             step = self.optimizer.iterations if self.optimizer is not None else "(unknown)"
-            averaged = collectives.require_finite(averaged, step, remedy=TAPE_REMEDY)
+        averaged = collectives.average_gradients(flat, self.compression, self.op,
+                                                 check_step=step, remedy=TAPE_REMEDY)
         return tf.nest.pack_sequence_as(grads, averaged)
 
 

@@ -101,9 +101,8 @@ def test_resuming_from_a_saved_model_with_initial_epoch_continues_exactly(keras_
 
 def test_a_nonfinite_gradient_stops_fit_on_every_rank_naming_the_step(keras_run):
     for report in keras_run.both("failures"):
-        assert "NaN or Inf at optimizer step" in report["nonfinite"]
-        assert "[1]" in report["nonfinite"]  # the sixth row is in the second batch
-        assert "(counting from 0)" in report["nonfinite"]
+        # the sixth row is in the second batch
+        assert "NaN or Inf at optimizer step 1 (counting from 0)" in report["nonfinite"]
 
 
 def test_skip_nonfinite_skips_the_update_on_every_rank(keras_run):

@@ -63,9 +63,10 @@ def test_micro_batches_accumulate_in_a_custom_loop_like_one_process(keras_run):
 def test_the_tape_accumulates_micro_batches_like_one_process(keras_run):
     """DistributedGradientTape(backward_passes_per_step=2) into a plain SGD made with
     gradient_accumulation_steps=2: 10 micro-batches are 5 updates, each the mean over 2
-    micro-batches and 2 workers, equal to one process on the 16-example batches. Each
-    gradient went through 5 allreduces, one per update (Horovod's timeline: averaging
-    every micro-batch would give the same weights with 10). A NaN in rank 1's second
+    micro-batches and 2 workers, equal to one process on the 16-example batches. The
+    gradients went through 5 allreduces, one per update, all in one flat buffer
+    (Horovod's timeline: averaging every micro-batch would give the same weights with
+    10). A NaN in rank 1's second
     micro-batch stops both ranks at update 0."""
     reference = reference_accumulated_fit()
     for rank in (0, 1):
@@ -73,12 +74,13 @@ def test_the_tape_accumulates_micro_batches_like_one_process(keras_run):
     negotiations = allreduces_by_tensor(keras_run.out_dir / "tape_accumulate_timeline.json")
     gradients = {name: count for name, count in negotiations.items()
                  if name.startswith("hvdtrain.gradients")}
-    assert gradients and set(gradients.values()) == {STEPS_PER_EPOCH}, negotiations
+    # float64 gradients on TensorFlow travel in one flat buffer (keras/tally.py)
+    assert gradients == {"hvdtrain.gradients": STEPS_PER_EPOCH}, negotiations
     for report in keras_run.both("tape_accumulate"):
         assert report["updates"] == STEPS_PER_EPOCH
         assert report["optimizer_class"] == "SGD"
         assert report["error"].startswith("micro-batch 1:")
-        assert "worker-averaged gradient holds NaN or Inf at optimizer step ] [0]" \
+        assert "worker-averaged gradient holds NaN or Inf at optimizer step 0 (counting" \
             in report["error"]
         assert "check_nonfinite=False to DistributedGradientTape" in report["error"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -21,6 +21,7 @@ import numpy as np
 from keras import ops
 
 from hvdtrain import runtime, watchdog
+from hvdtrain.adapters.keras import tally
 from hvdtrain.consistency import check_ranks_agree as _check_ranks_agree
 from hvdtrain.metrics import average_gathered
 from hvdtrain.nonfinite import SKIP_REMEDY, NonFiniteGradientError, nonfinite_gradient_message
@@ -31,8 +32,9 @@ SUPPORTED_BACKENDS = {"tensorflow": "horovod.tensorflow", "torch": "horovod.torc
 # Horovod pairs collectives across ranks by name. In TensorFlow graphs the name gets the
 # current name scope, which holds per-process counters ("sgd_3/"): leave it out.
 _UNSCOPED = {"ignore_name_scope": True} if keras.backend.backend() == "tensorflow" else {}
-# Where the graph assertion prints the optimizer step (a tensor known only at run time).
-_STEP_PLACEHOLDER = "<step>"
+# Where the non-finite error shows the optimizer step (a tensor known only at run time);
+# hvdtrain._tf_packing's unpack op replaces this very text.
+_STEP_PLACEHOLDER = "{step}"
 
 
 @functools.cache
@@ -73,19 +75,28 @@ def check_op(op: Any) -> None:
 
 def average_gradients(grads: Sequence[Any], compression: str | None, op: Any, *,
                       prescale: float = 1.0, postscale: float = 1.0,
-                      process_set: Any = None) -> list[Any]:
+                      process_set: Any = None, check_step: Any = None,
+                      remedy: str = SKIP_REMEDY) -> list[Any]:
     """Reduce every non-None gradient across workers in one collective.
 
-    None and "fp16" use one Horovod grouped allreduce. "bf16" concatenates the
-    gradients into one buffer, sends it as bfloat16 through one allgather (Horovod
-    0.28.1 has no bfloat16 reduction) and adds the ranks' values in rank order.
-    ``prescale`` multiplies each rank's gradients before the reduction and
-    ``postscale`` the result (Horovod's factors); ``process_set`` limits the reduction
-    to its ranks (None: every rank).
+    Without compression, float32 gradients on TensorFlow travel in one flat buffer
+    (:mod:`hvdtrain.adapters.keras.tally`, when its ops are built); other gradients,
+    and "fp16", use one Horovod grouped allreduce. "bf16" concatenates the gradients
+    into one buffer, sends it as bfloat16 through one allgather (Horovod 0.28.1 has no
+    bfloat16 reduction) and adds the ranks' values in rank order. ``prescale``
+    multiplies each rank's gradients before the reduction and ``postscale`` the result
+    (Horovod's factors); ``process_set`` limits the reduction to its ranks (None:
+    every rank).
 
     An average (without "bf16") sends a 1 with the gradients, which counts the ranks that
     sent gradients: a rank that has called Horovod's ``join()`` sends zeros, and the
     average is then taken over the others only, as one process on their batches would.
+
+    Args:
+        check_step: when given (the optimizer step), stop training, as
+            :func:`require_finite` does, if a reduced gradient holds NaN or Inf; in the
+            flat buffer this reads one bound instead of every gradient.
+        remedy: the advice that ends that error's message.
     """
     present = [i for i, g in enumerate(grads) if g is not None]
     if not present:
@@ -93,12 +104,16 @@ def average_gradients(grads: Sequence[Any], compression: str | None, op: Any, *,
     tensors = [dense(grads[i]) for i in present]
     within = {} if process_set is None else {"process_set": process_set}
     hvd = horovod()
+    ranks = (process_set or hvd.global_process_set).size()
     if compression == "bf16":
         if prescale != 1.0:
             tensors = [t * prescale for t in tensors]
         reduced = _bf16_reduce(tensors, op, within)
         if postscale != 1.0:
             reduced = [t * postscale for t in reduced]
+    elif compression is None and tally.packs(tensors):
+        return _placed(grads, present, _flat_reduce(
+            tensors, op, prescale, postscale, within, ranks, check_step, remedy))
     else:
         counted = op == hvd.Average
         if counted:
@@ -108,25 +123,58 @@ def average_gradients(grads: Sequence[Any], compression: str | None, op: Any, *,
                                         prescale_factor=prescale, postscale_factor=postscale,
                                         name="hvdtrain.gradients", **within, **_UNSCOPED)
         if counted:
-            ranks = (process_set or hvd.global_process_set).size()
             reduced = _over_contributors(reduced[:-1], reduced[-1],
                                          prescale * postscale / ranks, ranks)
+    if check_step is not None:
+        reduced = require_finite(reduced, check_step, remedy)
+    return _placed(grads, present, reduced)
+
+
+def _placed(grads: Sequence[Any], present: list[int], reduced: list[Any]) -> list[Any]:
+    """``grads`` with the gradient at each index in ``present`` replaced, in order."""
     result = list(grads)
     for i, tensor in zip(present, reduced, strict=True):
         result[i] = tensor
     return result
 
 
-def _over_contributors(averaged: list[Any], count: Any, unit: float, ranks: int) -> list[Any]:
+def _flat_reduce(tensors: list[Any], op: Any, prescale: float, postscale: float,
+                 within: dict[str, Any], ranks: int, check_step: Any,
+                 remedy: str) -> list[Any]:
+    """:func:`average_gradients` through one flat buffer with its tally."""
+    hvd = horovod()
+    check = check_step is not None
+    message = "hvdtrain: " + nonfinite_gradient_message(_STEP_PLACEHOLDER, remedy=remedy)
+    if isinstance(check_step, str):  # the step is unknown: say so in the message
+        message, check_step = message.replace(_STEP_PLACEHOLDER, check_step), 0
+    flat = tally.pack(tensors, bound=check)
+    flat = hvd.allreduce(flat, op=op, prescale_factor=prescale, postscale_factor=postscale,
+                         name="hvdtrain.gradients", **within, **_UNSCOPED)
+    reduced, numbers = tally.unpack(flat, [t.shape for t in tensors],
+                                    check_step if check else 0, check=check, message=message)
+    if op != hvd.Average:
+        return reduced
+    rechecked = (lambda rescaled: require_finite(rescaled, check_step, remedy)) if check \
+        else None
+    return _over_contributors(reduced, numbers[0], prescale * postscale / ranks, ranks,
+                              rechecked)
+
+
+def _over_contributors(averaged: list[Any], count: Any, unit: float, ranks: int,
+                       rechecked: Callable[[list[Any]], list[Any]] | None = None
+                       ) -> list[Any]:
     """``averaged`` (the sum over ``ranks``, scaled by ``unit``) re-divided by the number
     of ranks that contributed, which the reduced ``count`` (their 1s, scaled by ``unit``)
-    tells; unchanged when every rank did (the usual case: no pass over the gradients)."""
+    tells; unchanged when every rank did (the usual case: no pass over the gradients).
+    ``rechecked``, when given, is applied to the re-divided gradients (the non-finite
+    check of values the flat buffer's bound no longer covers)."""
     contributors = ops.cast(count, "float32") / unit
     partial = ops.less(contributors, ranks - 0.5)
 
     def rescale() -> list[Any]:
         factor = ranks / ops.maximum(contributors, 1.0)
-        return [g * ops.cast(factor, g.dtype) for g in averaged]
+        rescaled = [g * ops.cast(factor, g.dtype) for g in averaged]
+        return rescaled if rechecked is None else rechecked(rescaled)
 
     return ops.cond(partial, rescale, lambda: list(averaged))
 

@@ -244,10 +244,14 @@ class _Reduction:
     postscale: float = 1.0
     process_set: Any = None
 
-    def apply(self, grads: list[Any]) -> list[Any]:
+    def apply(self, grads: list[Any], check_step: Any = None,
+              remedy: str = SKIP_REMEDY) -> list[Any]:
+        """``grads`` reduced (:func:`collectives.average_gradients`, which also takes
+        ``check_step`` and ``remedy``)."""
         return collectives.average_gradients(
             grads, self.compression, self.op, prescale=self.prescale,
-            postscale=self.postscale, process_set=self.process_set)
+            postscale=self.postscale, process_set=self.process_set, check_step=check_step,
+            remedy=remedy)
 
 
 def _reduction(compression: Any, op: Any, predivide: float, process_set: Any,
@@ -372,23 +376,24 @@ def _distributed_class(base: type, reduction: _Reduction, on_nonfinite: str,
             return super()._backend_apply_gradients(grads, trainable_variables)
 
         def _clip_gradients(self, grads):
-            averaged = self._reduce(grads)
-            if on_nonfinite == "raise":
-                averaged = collectives.require_finite(averaged, self.iterations, remedy)
-            elif skip_nonfinite:
+            averaged = self._reduce(grads, self.iterations if on_nonfinite == "raise" else None)
+            if skip_nonfinite:
                 self._hvdtrain_update = collectives.finite_on_every_rank(averaged)
             return super()._clip_gradients(averaged)
 
-        def _reduce(self, grads):
+        def _reduce(self, grads, check_step):
             local = getattr(self, "_hvdtrain_local", None)
             if not local:
-                return reduction.apply(grads)
+                return reduction.apply(grads, check_step, remedy)
             is_local = [id(v) in local for v in self._hvdtrain_variables]
             shared = reduction.apply([None if mine else g
                                       for g, mine in zip(grads, is_local, strict=True)])
             size = collectives.horovod().size()
-            return [g / size if mine and g is not None else averaged
-                    for g, averaged, mine in zip(grads, shared, is_local, strict=True)]
+            reduced = [g / size if mine and g is not None else averaged
+                       for g, averaged, mine in zip(grads, shared, is_local, strict=True)]
+            if check_step is None:
+                return reduced
+            return collectives.require_finite(reduced, check_step, remedy)
 
         def _apply_weight_decay(self, variables):
             parent = super()._apply_weight_decay

@@ -1,0 +1,90 @@
+"""The flat gradient buffer of the Keras adapter on TensorFlow, with its tally.
+
+The Keras counterpart of :mod:`hvdtrain.adapters.torch.tally`: float32 (or float64)
+gradients are copied into one buffer (``hvdtrain._tf_packing``'s ``HvdtrainPackWithTally``), and two
+numbers follow them: the rank's 1, which the reduction turns into the number of ranks
+that sent gradients, and the L2 norm of its gradients, taken in the same pass as the
+copy. Reduced, the norms bound every element of the reduced gradients, so the
+non-finite check reads one number instead of every gradient; only when that bound is
+not finite does ``HvdtrainUnpackChecked`` read the gradients to decide.
+
+The ops are built by ``setup.py`` when TensorFlow and a C++ compiler are there
+(``scripts/setup.sh`` insists); without them, and for other dtypes, compressions or
+backends, :func:`hvdtrain.adapters.keras.collectives.average_gradients` falls back to
+Horovod's grouped allreduce and a separate check.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+import keras
+
+TALLY = 2  # numbers behind the gradients: the count, then the bound
+PACKED_DTYPES = ({"float32"}, {"float64"})
+
+
+@functools.cache
+def native_ops() -> ModuleType | None:
+    """The loaded ``hvdtrain._tf_packing`` ops, or None (not built, or not on TensorFlow)."""
+    if keras.backend.backend() != "tensorflow":
+        return None
+    spec = importlib.util.find_spec("hvdtrain._tf_packing")
+    if spec is None or spec.origin is None:
+        return None
+    import tensorflow as tf
+
+    return tf.load_op_library(spec.origin)
+
+
+def packs(tensors: Sequence[Any]) -> bool:
+    """Whether ``tensors`` can travel in the flat buffer: the ops are built, and the
+    tensors are all float32 or all float64, with fully known shapes."""
+    if native_ops() is None:
+        return False
+    import tensorflow as tf
+
+    return ({tf.as_dtype(t.dtype).name for t in tensors} in PACKED_DTYPES
+            and all(tf.TensorShape(t.shape).is_fully_defined() for t in tensors))
+
+
+def pack(tensors: Sequence[Any], *, bound: bool) -> Any:
+    """``tensors`` in one buffer of their dtype, then the tally: 1 and their L2 norm (with
+    ``bound``) or infinity (without).
+
+    Args:
+        tensors: float32 or float64 tensors of fully known shapes (:func:`packs`).
+        bound: whether to take the norm (the non-finite check needs it).
+
+    Returns:
+        A 1-D tensor: each tensor flattened from a multiple of 16 elements, zeros
+        between them, then the ``TALLY`` numbers.
+    """
+    return native_ops().hvdtrain_pack_with_tally(list(tensors), bound=bound)
+
+
+def unpack(flat: Any, shapes: Sequence[Any], step: Any, *, check: bool,
+           message: str) -> tuple[list[Any], Any]:
+    """The tensors and the tally of a (reduced) :func:`pack` buffer.
+
+    Args:
+        flat: the buffer.
+        shapes: the tensors' shapes, as packed.
+        step: the optimizer step (an int64 tensor), put into ``message``.
+        check: when the bound is not finite, read the tensors, and fail with
+            ``message`` (``{step}`` replaced) if any holds NaN or Inf.
+        message: the error's text.
+
+    Returns:
+        (views of the tensors in ``flat``, the ``TALLY`` numbers).
+    """
+    import tensorflow as tf
+
+    tensors, tally = native_ops().hvdtrain_unpack_checked(
+        flat, tf.cast(step, tf.int64), N=len(shapes),
+        shapes=[tf.TensorShape(s) for s in shapes], check=check, message=message)
+    return list(tensors), tally
