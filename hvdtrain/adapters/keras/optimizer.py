@@ -89,9 +89,11 @@ def DistributedOptimizer(
             a NaN or Inf (no weight decay, no change to weights or slots) and count it in
             ``optimizer.skipped_steps``; without it such an update stops training.
         check_nonfinite: without ``skip_nonfinite``, stop training when an averaged
-            gradient holds a NaN or Inf (one sum of the averaged gradients, read exactly
-            only when that sum is not finite; the cost is in README.md, "Benchmarks");
-            False applies such an update, as Horovod does.
+            gradient holds a NaN or Inf (on TensorFlow's CPU, a bound reduced with the
+            gradients, :mod:`hvdtrain.adapters.keras.tally`; otherwise one sum of the
+            averaged gradients; either way they are read exactly only when that number
+            is not finite; the cost is in README.md, "Benchmarks"); False applies such
+            an update, as Horovod does.
 
     Mixed precision: under the ``mixed_float16`` policy (set before this call), or given
     a ``keras.optimizers.LossScaleOptimizer``, the result is a LossScaleOptimizer that

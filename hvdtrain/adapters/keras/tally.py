@@ -1,17 +1,18 @@
 """The flat gradient buffer of the Keras adapter on TensorFlow, with its tally.
 
 The Keras counterpart of :mod:`hvdtrain.adapters.torch.tally`: float32 (or float64)
-gradients are copied into one buffer (``hvdtrain._tf_packing``'s ``HvdtrainPackWithTally``), and two
-numbers follow them: the rank's 1, which the reduction turns into the number of ranks
-that sent gradients, and the L2 norm of its gradients, taken in the same pass as the
-copy. Reduced, the norms bound every element of the reduced gradients, so the
+gradients are copied into one buffer (``hvdtrain._tf_packing``'s
+``HvdtrainPackWithTally``), and two numbers follow them: the rank's 1, which the
+reduction turns into the number of ranks that sent gradients, and the L2 norm of its
+gradients, taken in the same pass as the copy. Reduced, the norms bound every element of the reduced gradients, so the
 non-finite check reads one number instead of every gradient; only when that bound is
 not finite does ``HvdtrainUnpackChecked`` read the gradients to decide.
 
 The ops are built by ``setup.py`` when TensorFlow and a C++ compiler are there
-(``scripts/setup.sh`` insists); without them, and for other dtypes, compressions or
-backends, :func:`hvdtrain.adapters.keras.collectives.average_gradients` falls back to
-Horovod's grouped allreduce and a separate check.
+(``scripts/setup.sh`` insists); without them, on a GPU, and for other dtypes,
+compressions or backends,
+:func:`hvdtrain.adapters.keras.collectives.average_gradients` falls back to Horovod's
+grouped allreduce and a separate check.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ PACKED_DTYPES = ({"float32"}, {"float64"})
 
 @functools.cache
 def native_ops() -> ModuleType | None:
-    """The loaded ``hvdtrain._tf_packing`` ops, or None (not built, or not on TensorFlow)."""
+    """The loaded ``hvdtrain._tf_packing`` ops, or None: not built, not on TensorFlow, or
+    a GPU is visible (the ops run on the CPU only, and gradients on a GPU would be copied
+    to it and reduced there instead of by NCCL)."""
     if keras.backend.backend() != "tensorflow":
         return None
     spec = importlib.util.find_spec("hvdtrain._tf_packing")
@@ -38,6 +41,8 @@ def native_ops() -> ModuleType | None:
         return None
     import tensorflow as tf
 
+    if tf.config.list_physical_devices("GPU"):
+        return None
     return tf.load_op_library(spec.origin)
 
 
