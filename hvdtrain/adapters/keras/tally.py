@@ -4,9 +4,10 @@ The Keras counterpart of :mod:`hvdtrain.adapters.torch.tally`: float32 (or float
 gradients are copied into one buffer (``hvdtrain._tf_packing``'s
 ``HvdtrainPackWithTally``), and two numbers follow them: the rank's 1, which the
 reduction turns into the number of ranks that sent gradients, and the L2 norm of its
-gradients, taken in the same pass as the copy. Reduced, the norms bound every element of the reduced gradients, so the
-non-finite check reads one number instead of every gradient; only when that bound is
-not finite does ``HvdtrainUnpackChecked`` read the gradients to decide.
+gradients, taken in the same pass as the copy. Reduced, the norms bound every element
+of the reduced gradients, so the non-finite check reads one number instead of every
+gradient; only when that bound is not finite does ``HvdtrainUnpackChecked`` read the
+gradients to decide.
 
 The ops are built by ``setup.py`` when TensorFlow and a C++ compiler are there
 (``scripts/setup.sh`` insists); without them, on a GPU, and for other dtypes,
