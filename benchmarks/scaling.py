@@ -39,7 +39,8 @@ def _independent(steps: int):
 
 
 def run(folder: Path, smoke: bool) -> dict:
-    steps, rounds = (2, 1) if smoke else (30, 5)
+    # 5 rounds left convdense's median ratio fragile on this VM (round ratios 0.77-1.01).
+    steps, rounds = (2, 1) if smoke else (30, 10)
     contenders = {"1 rank": _launch(1, steps),
                   **{f"2 ranks {c}": _launch(2, steps, c) for c in CONTROLLERS},
                   BUCKETS_LAUNCH: _launch(2, steps, "gloo", "buckets"),
