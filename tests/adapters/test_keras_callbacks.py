@@ -72,6 +72,8 @@ def test_ranks_that_start_differently_are_stopped_before_the_first_step(keras_ru
         errors = report["disagreements"]
         assert "optimizer class is 'SGD' on rank 0 but 'Adam' on rank 1" in errors["optimizer"]
         assert "batch_size_per_worker is 4 on rank 0 but 8 on rank 1" in errors["batch size"]
+        assert "flat gradient buffer (hvdtrain._tf_packing, built by scripts/setup.sh) is " \
+               "True on rank 0 but False on rank 1" in errors["flat buffer"]
 
 
 def test_metric_average_weighted_by_examples_equals_one_process_on_uneven_validation(

@@ -39,6 +39,7 @@ from scenarios import report as report_for_rank
 from scenarios import run_scenarios
 
 import hvdtrain.adapters.keras as hvk
+from hvdtrain.adapters.keras import tally
 from hvdtrain.replicas import checksums
 
 OUT = Path(sys.argv[1])
@@ -350,11 +351,15 @@ def scenario_failures() -> None:
         unchecked_error = f"{type(error).__name__}: {error}"
     unchecked_nan = bool(np.any([np.isnan(w).any() for w in model.get_weights()]))
     errors = {}
-    for check, optimizer, batch in (("optimizer", "adam" if hvk.rank() == 1 else "sgd", 4),
-                                    ("batch size", "sgd", 4 if hvk.rank() == 0 else 8)):
+    built_ops = tally.native_ops
+    for check, optimizer, batch, without_ops in (
+            ("optimizer", "adam" if hvk.rank() == 1 else "sgd", 4, False),
+            ("batch size", "sgd", 4 if hvk.rank() == 0 else 8, False),
+            ("flat buffer", "sgd", 4, hvk.rank() == 1)):  # as if rank 1 lacked the ops
         model = make_model()
         model.compile(optimizer=hvk.DistributedOptimizer(make_optimizer(optimizer)),
                       loss=loss(), jit_compile=False)
+        tally.native_ops = (lambda: None) if without_ops else built_ops
         try:
             model.fit(x[:8], y[:8], batch_size=BATCH_PER_WORKER, epochs=1, verbose=0,
                       callbacks=[hvk.BroadcastInitialState(),
@@ -362,6 +367,8 @@ def scenario_failures() -> None:
             errors[check] = None
         except hvk.RankDisagreementError as error:
             errors[check] = str(error)
+        finally:
+            tally.native_ops = built_ops
     report("failures", nonfinite=nonfinite, disagreements=errors, skipped=skipped,
            finite_after_skip=finite_after_skip, unchecked_error=unchecked_error,
            unchecked_nan=unchecked_nan)

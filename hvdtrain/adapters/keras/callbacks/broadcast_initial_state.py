@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import keras
 
-from hvdtrain.adapters.keras import collectives
+from hvdtrain.adapters.keras import collectives, tally
 from hvdtrain.adapters.keras.optimizer import require_agreeing_loss_scaling
 from hvdtrain.consistency import software_versions
 
@@ -45,6 +45,9 @@ class BroadcastInitialState(keras.callbacks.Callback):
             "optimizer class": type(optimizer).__name__ if optimizer is not None else None,
             "optimizer config": _comparable_config(optimizer),
             **software_versions("keras", "tensorflow", "torch", "horovod"),
+            # Ranks with and without the ops would send differently shaped allreduces.
+            "flat gradient buffer (hvdtrain._tf_packing, built by scripts/setup.sh)":
+                tally.native_ops() is not None,
         }, "BroadcastInitialState")
         collectives.broadcast_variables(self._to_broadcast(variables), self.root_rank)
 
