@@ -64,7 +64,8 @@ def _processes(steps: int, copies: int):
 
 
 def run(folder: Path, smoke: bool) -> dict:
-    steps, rounds = (3, 1) if smoke else (100, 5)
+    # 5 rounds left convdense's Gloo ratio swinging 0.96-1.09 between runs on this VM.
+    steps, rounds = (3, 1) if smoke else (100, 10)
     contenders = {
         "hvdtrain mpi": _hvdtrain(steps, "mpi"),
         "hvdtrain gloo": _hvdtrain(steps, "gloo"),
