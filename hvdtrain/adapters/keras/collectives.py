@@ -79,9 +79,10 @@ def average_gradients(grads: Sequence[Any], compression: str | None, op: Any, *,
                       remedy: str = SKIP_REMEDY) -> list[Any]:
     """Reduce every non-None gradient across workers in one collective.
 
-    Without compression, float32 gradients on TensorFlow travel in one flat buffer
-    (:mod:`hvdtrain.adapters.keras.tally`, when its ops are built); other gradients,
-    and "fp16", use one Horovod grouped allreduce. "bf16" concatenates the gradients
+    Without compression, float32 or float64 gradients (all of one dtype) on
+    TensorFlow's CPU travel in one flat buffer (:mod:`hvdtrain.adapters.keras.tally`,
+    when its ops are built); other gradients, and "fp16", use one Horovod grouped
+    allreduce. "bf16" concatenates the gradients
     into one buffer, sends it as bfloat16 through one allgather (Horovod 0.28.1 has no
     bfloat16 reduction) and adds the ranks' values in rank order. ``prescale``
     multiplies each rank's gradients before the reduction and ``postscale`` the result
@@ -145,13 +146,14 @@ def _flat_reduce(tensors: list[Any], op: Any, prescale: float, postscale: float,
     hvd = horovod()
     check = check_step is not None
     message = "hvdtrain: " + nonfinite_gradient_message(_STEP_PLACEHOLDER, remedy=remedy)
+    step_tensor = check_step if check else 0
     if isinstance(check_step, str):  # the step is unknown: say so in the message
-        message, check_step = message.replace(_STEP_PLACEHOLDER, check_step), 0
+        message, step_tensor = message.replace(_STEP_PLACEHOLDER, check_step), 0
     flat = tally.pack(tensors, bound=check)
     flat = hvd.allreduce(flat, op=op, prescale_factor=prescale, postscale_factor=postscale,
                          name="hvdtrain.gradients", **within, **_UNSCOPED)
-    reduced, numbers = tally.unpack(flat, [t.shape for t in tensors],
-                                    check_step if check else 0, check=check, message=message)
+    reduced, numbers = tally.unpack(flat, [t.shape for t in tensors], step_tensor,
+                                    check=check, message=message)
     if op != hvd.Average:
         return reduced
     rechecked = (lambda rescaled: require_finite(rescaled, check_step, remedy)) if check \
