@@ -2,9 +2,9 @@
 // packing.c (hvdtrain/adapters/keras/tally.py loads them; without them the adapter
 // uses Horovod's grouped allreduce and reads the averaged gradients once more).
 //
-// HvdtrainPackWithTally copies float32 or float64 gradients into one buffer and sums their squares
-// in the same pass, so the non-finite check's bound costs no second read of the
-// gradients. HvdtrainUnpackChecked hands the reduced gradients back as views of that
+// HvdtrainPackWithTally copies float32 or float64 gradients into one buffer and sums
+// their squares in the same pass, so the non-finite check's bound costs no second read
+// of the gradients. HvdtrainUnpackChecked hands the reduced gradients back as views of that
 // buffer and, when the reduced bound is not finite, reads them to decide, failing with
 // hvdtrain's message. Each gradient starts at a multiple of kAlign elements (the gap
 // is zeros), so every view is as aligned as TensorFlow's own buffers.
@@ -24,8 +24,8 @@ namespace hvdtrain {
 using ::tensorflow::OpKernel;
 using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
-using ::tensorflow::Tensor;
 using ::tensorflow::PartialTensorShape;
+using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 namespace shape_inference = ::tensorflow::shape_inference;
 
@@ -171,7 +171,8 @@ class UnpackCheckedOp : public OpKernel {
     for (const PartialTensorShape& shape : shapes) {
       TensorShape full;
       OP_REQUIRES(context, shape.AsTensorShape(&full),
-                  absl::InvalidArgumentError("HvdtrainUnpackChecked needs fully known shapes"));
+                  absl::InvalidArgumentError(
+                      "HvdtrainUnpackChecked needs fully known shapes"));
       shapes_.push_back(full);
     }
     OP_REQUIRES_OK(context, context->GetAttr("check", &check_));
@@ -241,13 +242,15 @@ class UnpackCheckedOp : public OpKernel {
   std::string message_;
 };
 
-#define HVDTRAIN_REGISTER(T)                                                     \
-  REGISTER_KERNEL_BUILDER(                                                       \
-      Name("HvdtrainPackWithTally").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
-      PackWithTallyOp<T>);                                                       \
-  REGISTER_KERNEL_BUILDER(                                                       \
-      Name("HvdtrainUnpackChecked").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
-      UnpackCheckedOp<T>);
+#define HVDTRAIN_REGISTER(T)                                                 \
+  REGISTER_KERNEL_BUILDER(Name("HvdtrainPackWithTally")                      \
+                              .Device(::tensorflow::DEVICE_CPU)              \
+                              .TypeConstraint<T>("T"),                       \
+                          PackWithTallyOp<T>);                               \
+  REGISTER_KERNEL_BUILDER(Name("HvdtrainUnpackChecked")                      \
+                              .Device(::tensorflow::DEVICE_CPU)              \
+                              .TypeConstraint<T>("T"),                       \
+                          UnpackCheckedOp<T>);
 
 HVDTRAIN_REGISTER(float)
 HVDTRAIN_REGISTER(double)
