@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 
 from hvdtrain.launch import process_alive
+from hvdtrain.runtime import launcher_rank
 
-rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+rank = launcher_rank()
 pid_file = Path(sys.argv[1]) / "rank-0.pid"
 print(f"rank {rank} says hello")
 if rank == 0:

@@ -5,12 +5,12 @@ only once every rank has printed, so horovodrun, which stops the others as soon 
 fails, cannot cut a slower rank off before its error is on record.
 """
 
-import os
 import sys
 import time
 from pathlib import Path
 
 import hvdtrain.adapters.numpy as hvn
+from hvdtrain.runtime import launcher_rank, launcher_size
 
 try:
     hvn.init()
@@ -18,9 +18,8 @@ try:
 except RuntimeError as error:
     print("REPORT-ERROR", error, flush=True)
     marks = Path(sys.argv[1])
-    (marks / f"printed-{os.environ['HOROVOD_RANK']}").touch()
+    (marks / f"printed-{launcher_rank()}").touch()
     deadline = time.monotonic() + 60
-    size = int(os.environ["HOROVOD_SIZE"])
-    while len(list(marks.glob("printed-*"))) < size and time.monotonic() < deadline:
+    while len(list(marks.glob("printed-*"))) < launcher_size() and time.monotonic() < deadline:
         time.sleep(0.05)
     raise SystemExit(3) from None

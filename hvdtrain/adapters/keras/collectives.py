@@ -82,12 +82,11 @@ def average_gradients(grads: Sequence[Any], compression: str | None, op: Any, *,
     Without compression, float32 or float64 gradients (all of one dtype) on
     TensorFlow's CPU travel in one flat buffer (:mod:`hvdtrain.adapters.keras.tally`,
     when its ops are built); other gradients, and "fp16", use one Horovod grouped
-    allreduce. "bf16" concatenates the gradients
-    into one buffer, sends it as bfloat16 through one allgather (Horovod 0.28.1 has no
-    bfloat16 reduction) and adds the ranks' values in rank order. ``prescale``
-    multiplies each rank's gradients before the reduction and ``postscale`` the result
-    (Horovod's factors); ``process_set`` limits the reduction to its ranks (None:
-    every rank).
+    allreduce. "bf16" concatenates the gradients into one buffer, sends it as bfloat16
+    through one allgather (Horovod 0.28.1 has no bfloat16 reduction) and adds the ranks'
+    values in rank order. ``prescale`` multiplies each rank's gradients before the
+    reduction and ``postscale`` the result (Horovod's factors); ``process_set`` limits
+    the reduction to its ranks (None: every rank).
 
     An average (without "bf16") sends a 1 with the gradients, which counts the ranks that
     sent gradients: a rank that has called Horovod's ``join()`` sends zeros, and the
