@@ -1,4 +1,4 @@
-"""The ``hvdtrain`` command: ``hvdtrain doctor``, ``hvdtrain schedule`` and ``hvdtrain env``."""
+"""The ``hvdtrain`` command: ``hvdtrain doctor``, ``schedule``, ``env`` and ``hosts``."""
 
 from __future__ import annotations
 
@@ -42,6 +42,15 @@ def build_parser() -> argparse.ArgumentParser:
                     "the environment does not set yet (Horovod's stall check, Open MPI's "
                     "daemon keepalive). Use before launching: eval \"$(hvdtrain env)\"",
     )
+
+    hosts = commands.add_parser(
+        "hosts", help="print the Slurm allocation's hosts for horovodrun -H",
+        description="Inside an sbatch script or salloc shell, print the allocation's nodes "
+                    "and task counts as horovodrun -H takes them (node01:4,node02:4). Use: "
+                    'horovodrun -np "$SLURM_NTASKS" -H "$(hvdtrain hosts)" ...',
+    )
+    hosts.add_argument("--lines", action="store_true",
+                       help="one host:slots per line, as a --host-discovery-script prints")
 
     schedule = commands.add_parser(
         "schedule",
@@ -109,6 +118,18 @@ def print_environment() -> int:
     return 0
 
 
+def print_hosts(lines: bool) -> int:
+    from hvdtrain.slurm import NotInAllocation, allocation_hosts
+
+    try:
+        hosts = allocation_hosts()
+    except NotInAllocation as error:
+        print(f"hvdtrain hosts: error: {error}", file=sys.stderr)
+        return 2
+    print(hosts.replace(",", "\n") if lines else hosts)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hvdtrain`` console script."""
     parser = build_parser()
@@ -119,6 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_doctor(timeout=args.timeout)
     if args.command == "env":
         return print_environment()
+    if args.command == "hosts":
+        return print_hosts(args.lines)
     try:
         return print_schedule(args)
     except ValueError as error:

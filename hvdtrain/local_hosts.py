@@ -28,7 +28,11 @@ from pathlib import Path
 
 __all__ = ["LocalHosts", "run_elastic_demo"]
 
-# Horovod runs `ssh -o OPTION ... HOST [-p PORT] [-i FILE] [-o OPTION] COMMAND`.
+# Horovod runs `ssh -o OPTION ... HOST [-p PORT] [-i FILE] [-o OPTION] COMMAND`. Like
+# sshd, the stand-in runs COMMAND in a session of its own and ends that session when the
+# connection goes: when the launcher terminates the stand-in (SIGTERM, SIGHUP, SIGINT),
+# every process of COMMAND gets SIGTERM, and SIGKILL if one is left after the grace
+# period. Without this, a worker whose job was stopped lived on, re-parented to init.
 _SSH_STAND_IN = """\
 #!/bin/sh
 # hvdtrain's ssh stand-in (hvdtrain/local_hosts.py): runs the command on this machine.
@@ -40,7 +44,20 @@ while [ $# -gt 0 ]; do
     *) if [ -z "$host" ]; then host="$1"; shift; else break; fi ;;
   esac
 done
-exec /bin/sh -c "$*"
+setsid /bin/sh -c "$*" &
+session=$!
+hang_up() {
+  kill -TERM "-$session" 2>/dev/null
+  waited=0
+  while kill -0 "-$session" 2>/dev/null && [ "$waited" -lt 3 ]; do
+    sleep 1; waited=$((waited + 1))
+  done
+  kill -KILL "-$session" 2>/dev/null
+}
+trap 'hang_up; exit 143' TERM
+trap 'hang_up; exit 129' HUP
+trap 'hang_up; exit 130' INT
+wait "$session"
 """
 
 

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Sets up everything hvdtrain needs on a fresh Debian machine, idempotently:
-#   1. Debian packages: Open MPI (openmpi-bin, libopenmpi-dev), cmake, g++, make, patch
+#   1. Debian packages: Open MPI (openmpi-bin, libopenmpi-dev), cmake, g++, make, patch;
+#      and for the cluster tests (real sshd hosts, a one-node Slurm): openssh-server,
+#      openssh-client, iproute2, slurm-wlm, munge (where they cannot be installed, those
+#      tests skip, saying why)
 #   2. a virtual environment in .venv
 #   3. pip, setuptools and wheel in it, pinned like everything else by constraints.txt
 #   4. torch, tensorflow-cpu and mpi4py: what Horovod's build compiles against
@@ -26,6 +29,7 @@ CONSTRAINTS="$REPO_ROOT/constraints.txt"
 PYTHON="${PYTHON:-python3.11}"
 CACHE_ROOT="${HVDTRAIN_CACHE:-$HOME/.cache/hvdtrain}"
 DEBIAN_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make patch)
+CLUSTER_TEST_PACKAGES=(openssh-server openssh-client iproute2 slurm-wlm munge)
 HOROVOD_PATCHES="$REPO_ROOT/scripts/patches/horovod"
 
 BUILD_DIR="$(mktemp -d)"  # the unpacked Horovod source; removed on exit
@@ -47,30 +51,50 @@ pin() {  # pin NAME -> the version constraints.txt gives NAME
     sed -n "s/^$1==\(.*\)$/\1/p" "$CONSTRAINTS"
 }
 
-install_debian_packages() {
-    stage "Debian packages: ${DEBIAN_PACKAGES[*]}"
-    local missing=()
-    for package in "${DEBIAN_PACKAGES[@]}"; do
+missing_debian_packages() {  # missing_debian_packages PACKAGE... -> the missing ones
+    local package
+    for package in "$@"; do
         dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' \
-            || missing+=("$package")
+            || printf '%s ' "$package"
     done
-    if [ ${#missing[@]} -eq 0 ]; then
+}
+
+apt_install() {  # apt_install PACKAGE...: as root, or through sudo; fails without either
+    local sudo=()
+    if [ "$(id -u)" -ne 0 ]; then
+        command -v sudo >/dev/null 2>&1 || return 1
+        sudo=(sudo)
+    fi
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+install_debian_packages() {
+    stage "Debian packages: ${DEBIAN_PACKAGES[*]} (and for the cluster tests: ${CLUSTER_TEST_PACKAGES[*]})"
+    local missing optional
+    read -r -a missing <<<"$(missing_debian_packages "${DEBIAN_PACKAGES[@]}")"
+    read -r -a optional <<<"$(missing_debian_packages "${CLUSTER_TEST_PACKAGES[@]}")"
+    if [ ${#missing[@]} -eq 0 ] && [ ${#optional[@]} -eq 0 ]; then
         note "already installed"
         return
     fi
-    local sudo=()
-    if [ "$(id -u)" -ne 0 ]; then
-        if command -v sudo >/dev/null 2>&1; then
-            sudo=(sudo)
-        else
-            die "missing Debian packages and no sudo to install them. As root, run:
-    apt-get update && apt-get install -y ${missing[*]}
+    if [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev/null 2>&1; then
+        [ ${#missing[@]} -eq 0 ] || die "missing Debian packages and no sudo to install them. As root, run:
+    apt-get update && apt-get install -y ${missing[*]} ${optional[*]}
 then run this script again."
-        fi
+        note "not installing ${optional[*]} without root or sudo: the sshd and Slurm tests will skip"
+        return
     fi
-    note "installing ${missing[*]}"
-    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    note "installing ${missing[*]} ${optional[*]}"
+    if [ ${#missing[@]} -gt 0 ]; then
+        apt_install "${missing[@]}" || die "apt-get install ${missing[*]} failed"
+    fi
+    if [ ${#optional[@]} -gt 0 ]; then
+        # slurm-wlm's and munge's install scripts may try to start services; the tests start
+        # their own daemons (scripts/slurm-local.sh, tests/ssh_hosts.py).
+        apt_install "${optional[@]}" \
+            || note "could not install ${optional[*]}: the sshd and Slurm tests will skip"
+    fi
 }
 
 create_venv() {

@@ -1,13 +1,13 @@
 """hvdtrain.adapters.keras.elastic: real Horovod elastic jobs with ``model.fit`` (Gloo,
 one machine, both of Keras's backends), with the same scenarios and checks as
-test_torch_elastic.py (tests/adapters/elastic_jobs.py, run by
+test_torch_elastic.py (tests/elastic_jobs.py, run by
 tests/workers/keras_elastic_train.py); then the pieces in one process.
 """
 
 import keras
 import numpy as np
 import pytest
-from elastic_jobs import check_grow, check_shrink, elastic_job
+from elastic_jobs import check_below_min, check_grow, check_shrink, elastic_job
 from harness import single_process
 from keras import ops
 
@@ -29,11 +29,16 @@ def test_fit_takes_in_an_added_worker_at_the_rule_for_the_new_number(tmp_path, b
     check_grow(WORKER, tmp_path, KERAS_BACKEND=backend)
 
 
+def test_fit_workers_their_launcher_does_not_stop_end_themselves_below_min_np(tmp_path):
+    check_below_min(WORKER, tmp_path, leaky=True, KERAS_BACKEND="tensorflow")
+
+
 # The pieces, against their definitions (in this process, but for run).
 
 def test_run_retries_from_the_commit_on_a_horovod_failure_and_lets_other_errors_out(tmp_path):
-    [report] = elastic_job(tmp_path, "keras_elastic_errors.py", "errors", ["host-a"], 1, 1,
-                           KERAS_BACKEND="tensorflow")
+    [report] = [r for r in elastic_job(tmp_path, "keras_elastic_errors.py", "errors",
+                                       ["host-a"], 1, 1, KERAS_BACKEND="tensorflow")
+                if r["scenario"] == "errors"]
     assert report["recovered"] == {"result": "finished", "calls": 2,
                                    "committed_weights_each_call": [True, True], "size": 1}
     assert report["unknown_error"] == "UnknownError"

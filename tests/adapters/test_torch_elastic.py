@@ -10,11 +10,18 @@ schedule and the data set:
 - shrink: 3 workers, rank 2 killed mid-epoch; training goes on as 2 from the last
   commit, the rate follows the rule for the new k, every sample of each epoch is
   consumed once by the committed steps, the replicas end identical, the job exits 0.
+- lose-rank-0: the same with rank 0 killed.
 - grow: 2 workers, a third host appears; the job goes on as 3, the same way.
+- below-min: 3 workers with ``--min-np 3``, one killed: the job ends non-zero within
+  the elastic timeout plus 60 s and leaves no worker behind, whether the launcher stops
+  the survivors (the stand-in passes its termination on) or not (a stand-in that
+  leaves them: they end themselves, saying why).
+
+The same scenarios over real ssh are in tests/test_ssh_cluster.py.
 """
 
 import pytest
-from elastic_jobs import check_grow, check_shrink
+from elastic_jobs import check_below_min, check_grow, check_shrink
 
 pytestmark = pytest.mark.timeout(300)
 WORKER = "torch_elastic_train.py"
@@ -26,3 +33,15 @@ def test_a_killed_worker_leaves_the_others_training_with_the_rule_for_their_numb
 
 def test_a_worker_added_joins_with_the_rule_for_the_new_number(tmp_path):
     check_grow(WORKER, tmp_path)
+
+
+def test_losing_rank_0_leaves_the_others_training(tmp_path):
+    check_shrink(WORKER, tmp_path, victim=0)
+
+
+def test_a_job_below_min_np_ends_and_leaves_no_worker(tmp_path):
+    check_below_min(WORKER, tmp_path)
+
+
+def test_workers_their_launcher_does_not_stop_end_themselves_below_min_np(tmp_path):
+    check_below_min(WORKER, tmp_path, leaky=True)

@@ -1,7 +1,7 @@
 """hvdtrain.adapters.keras.elastic.run on its own, in an elastic job of one worker
 (``horovodrun --gloo`` with a host discovery script; a reset needs Gloo's
-rendezvous): ``python keras_elastic_errors.py errors HOSTS``. Prints one
-``REPORT {json}`` (scenario ``errors``):
+rendezvous): ``python keras_elastic_errors.py errors HOSTS``. Prints ``REPORT {json}``
+lines ``started`` (its pid) and ``errors``:
 
 - ``recovered``: a training function whose first call fails the way a lost worker
   makes a compiled ``fit`` fail (TensorFlow's UnknownError from a Horovod op) is
@@ -12,6 +12,8 @@ rendezvous): ``python keras_elastic_errors.py errors HOSTS``. Prints one
   None on such an UnknownError).
 """
 
+import os
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -21,6 +23,7 @@ import hvdtrain.adapters.keras as hvk
 from hvdtrain.adapters.keras import elastic
 
 hvk.init()
+report(hvk.rank(), "started", pid=os.getpid())
 model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
 model.compile(optimizer=hvk.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse",
               jit_compile=False)

@@ -3,7 +3,7 @@
 hvdtrain.local_hosts.LocalHosts the job was started with).
 
 The Keras twin of torch_elastic_train.py, with the same settings and modes (see
-there, and tests/adapters/elastic_jobs.py): a linear model on 240 numbered samples,
+there, and tests/elastic_jobs.py): a linear model on 240 numbered samples,
 batch 4 per worker, SGD with momentum through DistributedOptimizer,
 LinearScalingWarmup (η = 0.05 for a batch of 4, 2 warmup epochs), ElasticData, 2
 epochs, CommitState every 4 batches. Same ``REPORT`` lines; a step's ``lr`` is the
@@ -13,6 +13,7 @@ optimizer's rate when the batch ran.
 import hashlib
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -29,6 +30,8 @@ from hvdtrain.local_hosts import LocalHosts
 MODE, HOSTS = sys.argv[1], LocalHosts(Path(sys.argv[2]))
 SAMPLES, BATCH, EPOCHS, COMMIT_EVERY = 240, 4, 2, 4
 KILL_AT, GROW_AFTER = 14, 8
+# Which rank of the first 3 kills itself at step KILL_AT, by mode.
+VICTIM = {"shrink": 2, "lose-rank-0": 0, "below-min": 2}.get(MODE)
 
 
 def report(scenario: str, **values) -> None:
@@ -43,14 +46,14 @@ def fingerprint(model: keras.Model) -> str:
 
 
 class Reporter(keras.callbacks.Callback):
-    """Kills rank 2 (shrink), reports every step, offers the third host (grow)."""
+    """Kills the mode's victim, reports every step, offers the third host (grow)."""
 
     def __init__(self, state: elastic.KerasState, consumed: list) -> None:
         super().__init__()
         self.state, self.consumed = state, consumed
 
     def on_train_batch_begin(self, batch, logs=None) -> None:
-        if MODE == "shrink" and self.state.step == KILL_AT and hvk.rank() == 2:
+        if self.state.step == KILL_AT and hvk.rank() == VICTIM and hvk.size() == 3:
             report("killed", step=self.state.step, time=time.time())
             os.kill(os.getpid(), signal.SIGKILL)
         self.lr = float(ops.convert_to_numpy(self.model.optimizer.learning_rate))
@@ -68,6 +71,7 @@ class Reporter(keras.callbacks.Callback):
 
 def main() -> None:
     hvk.init()
+    report("started", pid=os.getpid(), host=socket.gethostname())
     keras.config.set_floatx("float64")  # rates exact enough to compare with the closed form
     rng = np.random.default_rng(0)
     x = rng.standard_normal((SAMPLES, 4))

@@ -9,10 +9,13 @@ at each epoch's end. MODE:
 - ``shrink``: starts on 3 workers; at step 14 (two steps after a commit, mid-epoch)
   the worker of rank 2 kills itself with SIGKILL. The others roll back to step 12
   and go on as 2.
+- ``lose-rank-0``: the same, but rank 0 kills itself; the others go on as 2.
+- ``below-min``: the same as ``shrink``, launched with ``--min-np 3``: the job must end.
 - ``grow``: starts on 2 workers; after the commit of step 8, rank 0 offers a third
   host through HOSTS; the job goes on as 3.
 
-Each worker prints ``REPORT {json}`` lines: ``step`` (rank, size, step, epoch and the
+Each worker prints ``REPORT {json}`` lines: ``started`` (its pid and host name),
+``step`` (rank, size, step, epoch and the
 learning rate the step used), ``commit`` (the (epoch, sample) pairs this rank
 consumed since the previous commit, the scheduler's samples_seen), ``killed`` (the victim, with the
 time) and ``done`` (weights' fingerprint, after ``verify_replicas``).
@@ -20,6 +23,7 @@ time) and ``done`` (weights' fingerprint, after ``verify_replicas``).
 
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -34,6 +38,8 @@ from hvdtrain.local_hosts import LocalHosts
 MODE, HOSTS = sys.argv[1], LocalHosts(Path(sys.argv[2]))
 SAMPLES, BATCH, EPOCHS, COMMIT_EVERY = 240, 4, 2, 4
 KILL_AT, GROW_AFTER = 14, 8
+# Which rank of the first 3 kills itself at step KILL_AT, by mode.
+VICTIM = {"shrink": 2, "lose-rank-0": 0, "below-min": 2}.get(MODE)
 
 
 def report(scenario: str, **values) -> None:
@@ -58,6 +64,7 @@ class Numbered(torch.utils.data.Dataset):
 
 def main() -> None:
     hvt.init()
+    report("started", pid=os.getpid(), host=socket.gethostname())
     torch.set_num_threads(1)
     torch.manual_seed(100 + hvt.rank())  # different until the state's first sync
     dataset = Numbered()
@@ -87,7 +94,7 @@ def main() -> None:
         consumed.clear()  # what was consumed since the last commit was rolled back
         while state.epoch < EPOCHS:
             for batch, (index, x, y) in enumerate(loader):
-                if MODE == "shrink" and state.step == KILL_AT and hvt.rank() == 2:
+                if state.step == KILL_AT and hvt.rank() == VICTIM and hvt.size() == 3:
                     report("killed", step=state.step, time=time.time())
                     os.kill(os.getpid(), signal.SIGKILL)
                 lr = optimizer.param_groups[0]["lr"]

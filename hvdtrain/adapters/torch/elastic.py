@@ -36,17 +36,41 @@ Example (``examples/torch_elastic.py`` is a whole one)::
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import horovod.torch as _hvd
 import torch
-from horovod.torch.elastic import ElasticSampler, run
+from horovod.common.elastic import run_fn
+from horovod.torch.elastic import ElasticSampler
 from horovod.torch.elastic import TorchState as _HorovodTorchState
 
 from hvdtrain.adapters.torch.scheduler import LinearScalingWarmup
+from hvdtrain.elastic import bounded_reset
 from hvdtrain.validation import require_instance
 
 __all__ = ["ElasticSampler", "TorchState", "run"]
+
+
+def run(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``func(state, ...)`` through worker losses and additions (a decorator):
+    Horovod's ``horovod.torch.elastic.run``, with each reset bounded.
+
+    Before the first call and after every reset, ``state.sync()`` gives every worker
+    rank 0's state. When a collective fails because a worker is gone, every worker
+    goes back to ``state``'s last commit, Horovod is started again on the workers
+    left, and ``func`` is called again; when hosts are added, the same from the
+    commit that noticed them. A worker whose reset outlasts the elastic timeout (the
+    job fell below ``--min-np`` and its launcher did not stop this worker) ends with
+    a message saying so (:func:`hvdtrain.elastic.bounded_reset`).
+    """
+    return run_fn(func, bounded_reset(_reset))
+
+
+def _reset() -> None:
+    """Start Horovod again on the workers there are now, as Horovod's own reset does."""
+    _hvd.shutdown()
+    _hvd.init()
 
 
 class TorchState(_HorovodTorchState):

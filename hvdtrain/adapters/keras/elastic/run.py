@@ -10,6 +10,7 @@ from horovod.common.elastic import run_fn
 from horovod.common.exceptions import HorovodInternalError
 
 from hvdtrain.adapters.keras import collectives
+from hvdtrain.elastic import bounded_reset
 
 __all__ = ["run"]
 
@@ -28,7 +29,9 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
     treats it as the loss of a worker. (Horovod's own ``horovod.tensorflow.elastic.run``
     looks for op names that Keras 3's compiled steps do not show, and then returns
     None: ``fit`` would end silently, and training with it.) Any other error ends the
-    job as it would without elasticity.
+    job as it would without elasticity. A worker whose reset outlasts the elastic
+    timeout (the job fell below ``--min-np`` and its launcher did not stop this
+    worker) ends with a message saying so (:func:`hvdtrain.elastic.bounded_reset`).
     """
 
     @functools.wraps(func)
@@ -42,7 +45,7 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
                 raise HorovodInternalError(error) from error
             raise
 
-    return run_fn(attempt, _reset)
+    return run_fn(attempt, bounded_reset(_reset))
 
 
 def _is_horovod_failure(error: Exception) -> bool:
