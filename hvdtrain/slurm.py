@@ -69,11 +69,13 @@ def expand_nodelist(nodelist: str) -> list[str]:
 
 
 def allocation_hosts(environ: Mapping[str, str] = os.environ,
-                     expand: Callable[[str], list[str]] = expand_nodelist) -> str:
-    """The current allocation's ``host:slots,...`` (see the module docstring)."""
+                     expand: Callable[[str], list[str]] | None = None) -> str:
+    """The current allocation's ``host:slots,...`` (see the module docstring); ``expand``
+    turns the compressed node list into names (default :func:`expand_nodelist`)."""
     missing = [name for name in (NODELIST_VARIABLE, TASKS_VARIABLE) if not environ.get(name)]
     if missing:
         raise NotInAllocation(f"not inside a Slurm allocation ({' and '.join(missing)} "
                               "unset): run this in an sbatch script or an salloc shell, "
                               "with --ntasks (-n) given")
-    return host_list(expand(environ[NODELIST_VARIABLE]), environ[TASKS_VARIABLE])
+    nodes = (expand or expand_nodelist)(environ[NODELIST_VARIABLE])
+    return host_list(nodes, environ[TASKS_VARIABLE])

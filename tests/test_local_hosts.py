@@ -1,10 +1,14 @@
 """hvdtrain.local_hosts in one process: the ssh stand-in runs Horovod's remote command
-here, and the discovery script prints what set() offered."""
+here and ends it when it is itself ended, and the discovery script prints what set()
+offered."""
 
+import signal
 import subprocess
+import time
 
 import pytest
 
+from hvdtrain.launch import process_alive
 from hvdtrain.local_hosts import LocalHosts
 
 pytestmark = pytest.mark.timeout(30)
@@ -19,6 +23,33 @@ def test_the_stand_in_runs_horovods_ssh_command_on_this_machine(tmp_path):
         shell=True, capture_output=True, text=True,
         env={**hosts.environment(), "HOST_LABEL": "this machine"})
     assert (done.returncode, done.stdout) == (0, "ran on this machine\n"), done.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_ending_the_stand_in_ends_its_command_as_sshd_ends_a_session(tmp_path, sig):
+    """What Horovod's launcher does to stop a worker: it terminates the ssh process.
+    Everything the command started must go, even a process that ignores SIGTERM."""
+    hosts = LocalHosts.create(tmp_path, ["host-a"])
+    pids = tmp_path / "pids"
+    command = (f"cd /tmp > /dev/null 2>&1 ; sleep 300 & echo $! >> {pids} ; "
+               f"sh -c 'trap \"\" TERM; echo $$ >> {pids}; while :; do sleep 1; done' & "
+               "wait")
+    stand_in = subprocess.Popen(["ssh", "-o", "StrictHostKeyChecking=no", "host-a", command],
+                                env=hosts.environment())
+    deadline = time.monotonic() + 10
+    while (not pids.exists() or len(pids.read_text().split()) < 2) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    started = [int(pid) for pid in pids.read_text().split()]
+    stand_in.send_signal(sig)
+    assert stand_in.wait(timeout=10) == 128 + sig
+    time.sleep(0.2)
+    assert not [pid for pid in started if process_alive(pid)]
+
+
+def test_the_stand_in_exits_with_its_commands_status(tmp_path):
+    hosts = LocalHosts.create(tmp_path, ["host-a"])
+    done = subprocess.run(["ssh", "host-a", "exit 7"], env=hosts.environment())
+    assert done.returncode == 7
 
 
 def test_discovery_prints_the_hosts_last_offered(tmp_path):

@@ -1,8 +1,13 @@
 """The core imports no framework: `import hvdtrain` works without torch, TensorFlow or Horovod."""
 
+import doctest
 import subprocess
 import sys
 import textwrap
+
+import pytest
+
+from hvdtrain import elastic, schedule, slurm
 
 
 def test_core_modules_import_without_any_framework():
@@ -20,6 +25,7 @@ def test_core_modules_import_without_any_framework():
         import hvdtrain.allocator
         import hvdtrain.validation, hvdtrain.metrics, hvdtrain.nonfinite, hvdtrain.trees
         import hvdtrain.launch, hvdtrain.cli, hvdtrain.doctor
+        import hvdtrain.elastic, hvdtrain.slurm, hvdtrain.local_hosts
         assert hvdtrain.cli.main(["schedule", "--base-lr", "0.1", "--batch-size-per-worker",
                                   "32", "--workers", "16", "--steps-per-epoch", "5",
                                   "--epochs", "6"]) == 0
@@ -41,3 +47,9 @@ def test_the_torch_adapter_says_what_is_missing_before_init():
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert "call hvt.init() first" in done.stdout, done.stderr
+
+
+@pytest.mark.parametrize("module", [schedule, elastic, slurm])
+def test_the_examples_in_the_core_docstrings_hold(module):
+    results = doctest.testmod(module)
+    assert results.attempted > 0 and results.failed == 0
