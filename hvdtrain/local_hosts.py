@@ -4,8 +4,11 @@ Horovod's elastic driver blacklists the host of a worker that fails, so workers 
 share ``localhost`` cannot lose one and go on. Give each worker a host name of its
 own instead: Horovod starts a worker on a host that is not this machine with
 ``ssh HOST COMMAND``, and an ``ssh`` early in ``PATH`` that runs COMMAND here makes
-any name a host of this machine. The host discovery script prints a file that the
-caller (or a worker) rewrites to add or remove hosts while the job runs.
+any name a host of this machine. Like sshd, it ends COMMAND when the launcher ends
+the ssh process, so a job that stops leaves no worker behind. The host discovery
+script prints a file that the caller (or a worker) rewrites to add or remove hosts
+while the job runs. tests/ssh_hosts.py makes hosts with real sshd instead, where
+root may create network namespaces.
 
 Example::
 

@@ -9,8 +9,9 @@
 #   4. torch, tensorflow-cpu and mpi4py: what Horovod's build compiles against
 #   5. Horovod built from its PyPI source distribution against exactly those
 #      frameworks, with hvdtrain's patches (scripts/patches/horovod/*.patch, each
-#      starting with a line saying why) applied first; cached as a wheel outside the
-#      repository, keyed by the versions and the patches' contents
+#      starting with a line saying why) applied first, by scripts/build-horovod.sh;
+#      cached as a wheel outside the repository, keyed by the versions and the
+#      patches' contents
 #   6. hvdtrain itself, editable, with its test and plot extras (setup.py compiles its
 #      one C helper, hvdtrain._packing, in place), and a check that Horovod's build is
 #      complete
@@ -18,8 +19,9 @@
 # Environment:
 #   HVDTRAIN_CACHE   where the built Horovod wheel is kept (default ~/.cache/hvdtrain)
 #   HVDTRAIN_NCCL    1 builds Horovod with HOROVOD_GPU_OPERATIONS=NCCL, 0 never;
-#                    unset means "when nvidia-smi sees a GPU and nccl.h is found".
-#                    A NCCL build also needs a CUDA build of torch (not the pinned CPU one).
+#                    unset means "when nvidia-smi sees a GPU and nccl.h is found"
+#                    (scripts/build-horovod.sh). A NCCL build also needs a CUDA build
+#                    of torch (not the pinned CPU one).
 #   PYTHON           the interpreter to build the venv from (default python3.11)
 set -euo pipefail
 
@@ -32,7 +34,7 @@ DEBIAN_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make patch)
 CLUSTER_TEST_PACKAGES=(openssh-server openssh-client iproute2 slurm-wlm munge)
 HOROVOD_PATCHES="$REPO_ROOT/scripts/patches/horovod"
 
-BUILD_DIR="$(mktemp -d)"  # the unpacked Horovod source; removed on exit
+BUILD_DIR="$(mktemp -d)"  # scratch files; removed on exit
 trap 'rm -rf "$BUILD_DIR"' EXIT
 
 STAGE=0
@@ -128,19 +130,6 @@ install_frameworks() {
     note "$("$VENV/bin/python" -c 'import torch, tensorflow as tf, keras, mpi4py; print(f"torch {torch.__version__}, tensorflow {tf.__version__}, keras {keras.__version__}, mpi4py {mpi4py.__version__}")' 2>/dev/null)"
 }
 
-want_nccl() {
-    case "${HVDTRAIN_NCCL:-auto}" in
-        1) return 0 ;;
-        0) return 1 ;;
-    esac
-    command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 || return 1
-    local dir
-    for dir in "${HOROVOD_NCCL_HOME:-/nonexistent}/include" /usr/include /usr/local/cuda/include; do
-        [ -f "$dir/nccl.h" ] && return 0
-    done
-    return 1
-}
-
 horovod_works() {  # the installed Horovod imports with both frameworks, MPI and Gloo
     "$VENV/bin/python" - <<'EOF' >/dev/null 2>&1
 import horovod.torch as hvd_torch
@@ -150,69 +139,15 @@ assert hvd_tf.mpi_built() and hvd_tf.gloo_built()
 EOF
 }
 
-build_horovod_wheel() {  # build_horovod_wheel OUTPUT_DIR [nccl]
-    local output_dir="$1" with_nccl="${2:-}"
-    local work="$BUILD_DIR"
-    note "downloading the horovod==$(pin horovod) source distribution"
-    pip_run download --quiet --no-deps --no-binary :all: "horovod==$(pin horovod)" -d "$work"
-    tar -xzf "$work"/horovod-*.tar.gz -C "$work"
-    local src
-    src="$(find "$work" -maxdepth 1 -type d -name 'horovod-*')"
-
-    local patch_file
-    for patch_file in "$HOROVOD_PATCHES"/*.patch; do
-        [ -e "$patch_file" ] || continue
-        note "patching: $(basename "$patch_file"): $(head -n 1 "$patch_file" | sed 's/^Why: //')"
-        patch -p1 --forward --quiet -d "$src" <"$patch_file" \
-            || die "$(basename "$patch_file") does not apply to horovod==$(pin horovod)"
-    done
-
-    # xla_mpi_ops.cc (an optional XLA lowering, off at run time unless
-    # HOROVOD_ENABLE_XLA_OPS=1) does not compile against TF 2.21's XLA headers.
-    sed -i '/xla_mpi_ops\.cc/d' "$src/horovod/tensorflow/CMakeLists.txt"
-
-    # PyTorch >= 2.1 headers need C++17 but Horovod's torch target asks for C++14;
-    # the last -std flag on a compiler command line wins, so a wrapper appends it.
-    local real_cxx
-    real_cxx="$(command -v g++)"
-    cat >"$work/cxx17" <<EOF
-#!/bin/sh
-exec "$real_cxx" "\$@" -std=c++17
-EOF
-    chmod +x "$work/cxx17"
-
-    local tf_include
-    tf_include="$("$VENV/bin/python" -c 'import tensorflow as tf; print(tf.sysconfig.get_include())' 2>/dev/null)"
-
-    local gpu_env=()
-    if [ -n "$with_nccl" ]; then
-        gpu_env=(HOROVOD_GPU_OPERATIONS=NCCL)
-    fi
-    note "compiling (about 8 minutes on 2 cores; log in $output_dir/build.log)"
-    mkdir -p "$output_dir"
-    env CXX="$work/cxx17" \
-        CXXFLAGS="${CXXFLAGS:-} -I$tf_include/external/highwayhash -I$tf_include/external/farmhash_archive/src" \
-        HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
-        HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 MAKEFLAGS="-j$(nproc)" "${gpu_env[@]}" \
-        "$VENV/bin/python" -m pip wheel --verbose --no-build-isolation --no-deps \
-        --disable-pip-version-check -w "$output_dir" "$src" >"$output_dir/build.log" 2>&1 &
-    local build_pid=$! started=$SECONDS
-    while kill -0 "$build_pid" 2>/dev/null; do
-        sleep 5
-        if kill -0 "$build_pid" 2>/dev/null && (( (SECONDS - started) % 60 < 5 )); then
-            note "... still compiling after $(( (SECONDS - started) / 60 )) min" \
-                "$(grep -o '^\[ *[0-9]*%\]' "$output_dir/build.log" | tail -n 1 || true)"
-        fi
-    done
-    if ! wait "$build_pid"; then
-        tail -n 30 "$output_dir/build.log" >&2
-        die "the Horovod build failed; the whole log is $output_dir/build.log"
-    fi
+build_horovod() {  # build_horovod OUTPUT_DIR | --print-flags: scripts/build-horovod.sh for .venv
+    PYTHON="$VENV/bin/python" HVDTRAIN_HOROVOD_FRAMEWORKS="pytorch tensorflow" \
+        bash "$REPO_ROOT/scripts/build-horovod.sh" "$@"
 }
 
 install_horovod() {
-    local nccl_suffix="" with_nccl=""
-    if want_nccl; then
+    local nccl_suffix="" with_nccl="" flags
+    flags="$(build_horovod --print-flags)"
+    if printf '%s\n' "$flags" | grep -q '^HOROVOD_GPU_OPERATIONS=NCCL$'; then
         nccl_suffix="-nccl"
         with_nccl=1
     fi
@@ -239,7 +174,7 @@ install_horovod() {
         note "the cached wheel does not import; rebuilding it"
         rm -rf "$wheel_dir"
     fi
-    build_horovod_wheel "$wheel_dir" "$with_nccl"
+    build_horovod "$wheel_dir"
     wheel="$(find "$wheel_dir" -maxdepth 1 -name 'horovod-*.whl' | head -n 1)"
     pip_install --force-reinstall --no-deps "$wheel"
     horovod_works || die "Horovod was built but does not import with both frameworks; see $wheel_dir/build.log"

@@ -34,20 +34,14 @@ LAUNCH_TIMEOUT = 240
 # The issue's bound on a job that falls below --min-np: it ends within the elastic
 # timeout plus this, counted from the worker's loss.
 END_MARGIN_SECONDS = 60
-# The ssh stand-in as it was before it passed the launcher's termination on (it ran the
-# command and left it behind): a launcher that does not stop its workers, to prove
-# that they bound their own wait (hvdtrain.elastic.bounded_reset).
+# A launcher that does not stop its workers, to prove that they bound their own wait
+# (hvdtrain.elastic.bounded_reset): hvdtrain's stand-in, run in a session of its own so
+# that the launcher's SIGTERM ends only this wrapper, and the stand-in and its worker
+# live on (as they did before the stand-in passed termination on).
 LEAKY_SSH = """#!/bin/sh
-while [ $# -gt 0 ]; do
-  case "$1" in
-    -o|-p|-i|-l) shift 2 ;;
-    -*) shift ;;
-    *) if [ -z "$host" ]; then host="$1"; shift; else break; fi ;;
-  esac
-done
-exec /bin/sh -c "$*"
+setsid "$(dirname "$0")/ssh-real" "$@" &
+wait $!
 """
-
 
 @dataclass
 class ElasticJob:
@@ -80,7 +74,10 @@ def launch_elastic(tmp_path, worker: str, mode: str, hosts: list[str], min_np: i
     run_env = {**os.environ, "OMP_NUM_THREADS": "1", **env}
     if ssh is None:
         if leaky:
-            (local.directory / "bin" / "ssh").write_text(LEAKY_SSH)
+            ssh = local.directory / "bin" / "ssh"
+            ssh.rename(ssh.with_name("ssh-real"))
+            ssh.write_text(LEAKY_SSH)
+            ssh.chmod(0o755)
         # Without --network-interfaces, Horovod's elastic Gloo launcher waits for 2 real
         # hosts.
         command = [*horovodrun, "--network-interfaces", "lo", *worker_command]

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from harness import launch, reports
 
-from hvdtrain.launch import CONTROLLERS
+from hvdtrain.launch import CONTROLLERS, horovodrun_path
+from hvdtrain.local_hosts import LocalHosts
 
 PATCHES = Path(__file__).parents[1] / "scripts" / "patches" / "horovod"
 
@@ -110,3 +111,18 @@ def test_0005_tensorflow_join_waits_for_the_other_ranks_every_time(controller):
     assert len(rank1["joins_s"]) == 3
     assert rank0["counts"] == [2.0, 2.0, 1.0] * 3
     assert rank1["counts"] == [2.0, 2.0] * 3
+
+
+def test_0006_elastic_workers_are_told_the_launchers_elastic_timeout(tmp_path):
+    """Unpatched, ``--elastic-timeout`` stayed in the launcher: a worker could not know
+    how long the driver waits after a reset (hvdtrain.elastic bounds its own wait by
+    it). Patched, every elastic worker has it as HOROVOD_ELASTIC_TIMEOUT."""
+    hosts = LocalHosts.create(tmp_path, ["host-a"])
+    done = subprocess.run(
+        [horovodrun_path(), "--gloo", "--network-interfaces", "lo", "-np", "1", "--min-np", "1",
+         "--max-np", "1", "--elastic-timeout", "17",
+         "--host-discovery-script", str(hosts.discovery_script), sys.executable, "-c",
+         "import os; print('told', os.environ.get('HOROVOD_ELASTIC_TIMEOUT'))"],
+        capture_output=True, text=True, timeout=120, env=hosts.environment())
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "told 17" in done.stdout, done.stdout

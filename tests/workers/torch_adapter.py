@@ -14,7 +14,6 @@ import torch
 from scenarios import report as report_for_rank
 from scenarios import run_scenarios
 from torch_common import (
-    JOIN_STEPS,
     STEPS,
     STEPS_PER_EPOCH,
     WARMUP_EPOCHS,
@@ -23,6 +22,7 @@ from torch_common import (
     make_model,
     make_optimizer,
     rows,
+    train_uneven_share,
 )
 
 import hvdtrain.adapters.torch as hvt
@@ -330,11 +330,7 @@ def scenario_join_uneven(name: str, **wrapping) -> None:
     model = make_model()
     optimizer = hvt.DistributedOptimizer(make_optimizer("sgd", model.parameters()),
                                          model.named_parameters(), **wrapping)
-    for step in range(JOIN_STEPS[hvt.rank()]):
-        optimizer.zero_grad()
-        part = rows(step, 0, hvt.rank(), 1)
-        loss_fn(model, x[part], y[part]).backward()
-        optimizer.step()
+    train_uneven_share(hvt.rank(), model, optimizer, x, y)
     last = hvt.join()
     hvt.broadcast_state(model, optimizer, root_rank=last)
     report(name, last=last, steps=optimizer.steps_taken)

@@ -84,6 +84,17 @@ def reference_run(kind: str, passes: int = 1, steps: int = STEPS) -> dict[str, t
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
+def train_uneven_share(rank: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                       x: torch.Tensor, y: torch.Tensor) -> None:
+    """Rank ``rank``'s part of the join scenario: its JOIN_STEPS[rank] steps on its rows
+    (the caller then joins)."""
+    for step in range(JOIN_STEPS[rank]):
+        optimizer.zero_grad()
+        part = rows(step, 0, rank, 1)
+        loss_fn(model, x[part], y[part]).backward()
+        optimizer.step()
+
+
 def uneven_reference_run(joined_scale: float = 1.0) -> dict[str, torch.Tensor]:
     """One process on the uneven shares of the join scenario: while both ranks have
     data a step sees both batches, afterwards rank 0's alone. ``joined_scale`` scales

@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# Builds hvdtrain's Horovod: the horovod==PIN source distribution (constraints.txt) with
+# hvdtrain's patches (scripts/patches/horovod/*.patch) and the fixes any current-torch
+# or current-TensorFlow build needs, into a wheel in OUTPUT_DIR. No root, no apt: it
+# uses the compilers, cmake and MPI on PATH. scripts/setup.sh and scripts/gpu-check.sh
+# build through it.
+#
+#   scripts/build-horovod.sh OUTPUT_DIR          build; the wheel lands in OUTPUT_DIR
+#   scripts/build-horovod.sh --print-flags       print the build's environment and stop
+#
+# Environment:
+#   PYTHON                     the interpreter to build for (default python3); the
+#                              frameworks it can import are the ones built in
+#   HVDTRAIN_HOROVOD_FRAMEWORKS  "pytorch tensorflow" to insist on them (a missing one
+#                              then fails the build) instead of taking what imports
+#   HVDTRAIN_HOROVOD_SDIST     a local horovod-PIN.tar.gz (else pip downloads it)
+#   HVDTRAIN_NCCL              1: with NCCL (HOROVOD_GPU_OPERATIONS=NCCL), 0: without;
+#                              unset: with it when nvidia-smi sees a GPU and nccl.h is
+#                              found ($HOROVOD_NCCL_HOME/include, /usr/include,
+#                              /usr/local/cuda/include or the nvidia-nccl Python package)
+#   HOROVOD_BUILD_CUDA_CC_LIST the GPU architectures to compile kernels for (default:
+#                              the visible GPUs' own)
+#   HVDTRAIN_BUILD_JOBS        parallel compile jobs (default: nproc)
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${PYTHON:-python3}"
+PATCHES="$REPO_ROOT/scripts/patches/horovod"
+PIN="$(sed -n 's/^horovod==\(.*\)$/\1/p' "$REPO_ROOT/constraints.txt")"
+
+note() { printf '    %s\n' "$*"; }
+die() { printf '\nbuild-horovod: %s\n' "$*" >&2; exit 1; }
+
+importable() { "$PYTHON" -c "import $1" >/dev/null 2>&1; }
+
+nccl_include() {  # the folder holding nccl.h, or nothing
+    local dir
+    for dir in "${HOROVOD_NCCL_HOME:-/nonexistent}/include" /usr/include /usr/local/cuda/include \
+               "$("$PYTHON" -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "include"))' 2>/dev/null)"; do
+        [ -n "$dir" ] && [ -f "$dir/nccl.h" ] && { echo "$dir"; return 0; }
+    done
+    return 0
+}
+
+want_nccl() {
+    case "${HVDTRAIN_NCCL:-auto}" in
+        1) return 0 ;;
+        0) return 1 ;;
+    esac
+    command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 || return 1
+    [ -n "$(nccl_include)" ]
+}
+
+# The build's environment, one NAME=value per line.
+build_flags() {
+    local frameworks="${HVDTRAIN_HOROVOD_FRAMEWORKS:-}"
+    if [ -z "$frameworks" ]; then
+        importable torch && frameworks="pytorch"
+        importable tensorflow && frameworks="$frameworks tensorflow"
+    fi
+    [ -n "$frameworks" ] || die "$PYTHON imports neither torch nor tensorflow: install a framework first"
+    echo "HOROVOD_WITHOUT_MXNET=1"
+    case " $frameworks " in *" pytorch "*) echo "HOROVOD_WITH_PYTORCH=1" ;; *) echo "HOROVOD_WITHOUT_PYTORCH=1" ;; esac
+    case " $frameworks " in *" tensorflow "*) echo "HOROVOD_WITH_TENSORFLOW=1" ;; *) echo "HOROVOD_WITHOUT_TENSORFLOW=1" ;; esac
+    echo "HOROVOD_WITH_GLOO=1"
+    if command -v mpicxx >/dev/null 2>&1; then
+        echo "HOROVOD_WITH_MPI=1"
+    else
+        echo "HOROVOD_WITHOUT_MPI=1"
+    fi
+    if want_nccl; then
+        local include
+        include="$(nccl_include)"
+        [ -n "$include" ] || die "HVDTRAIN_NCCL=1 but no nccl.h found; set HOROVOD_NCCL_HOME"
+        echo "HOROVOD_GPU_OPERATIONS=NCCL"
+        echo "HOROVOD_NCCL_INCLUDE=$include"
+        echo "HOROVOD_NCCL_LINK=SHARED"
+        local arch="${HOROVOD_BUILD_CUDA_CC_LIST:-}"
+        if [ -z "$arch" ] && command -v nvidia-smi >/dev/null 2>&1; then
+            arch="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null \
+                    | tr -d '.' | sort -u | paste -sd, -)"
+        fi
+        [ -n "$arch" ] && echo "HOROVOD_BUILD_CUDA_CC_LIST=$arch"
+    fi
+    echo "MAKEFLAGS=-j${HVDTRAIN_BUILD_JOBS:-$(nproc)}"
+}
+
+# A folder holding libnccl.so for the linker: a pip-installed NCCL ships only libnccl.so.2.
+nccl_lib_dir() {  # nccl_lib_dir INCLUDE_DIR WORK_DIR
+    local lib="$1/../lib" link="$2/nccl-lib"
+    [ -f "$lib/libnccl.so" ] && { (cd "$lib" && pwd); return; }
+    [ -f "$lib/libnccl.so.2" ] || die "no libnccl.so or libnccl.so.2 beside $1"
+    mkdir -p "$link"
+    ln -sf "$(cd "$lib" && pwd)/libnccl.so.2" "$link/libnccl.so"
+    echo "$link"
+}
+
+WORK=""
+trap '[ -z "$WORK" ] || rm -rf "$WORK"' EXIT
+
+build() {
+    local output_dir="$1"
+    WORK="$(mktemp -d)"
+    local work="$WORK"
+    local -a flags
+    mapfile -t flags < <(build_flags)
+    if [ -n "${HVDTRAIN_HOROVOD_SDIST:-}" ]; then
+        cp "$HVDTRAIN_HOROVOD_SDIST" "$work/"
+    else
+        note "downloading the horovod==$PIN source distribution"
+        "$PYTHON" -m pip download --quiet --disable-pip-version-check --no-deps \
+            --no-binary :all: "horovod==$PIN" -d "$work"
+    fi
+    tar -xzf "$work"/horovod-*.tar.gz -C "$work"
+    local src
+    src="$(find "$work" -maxdepth 1 -type d -name 'horovod-*')"
+
+    local patch_file
+    for patch_file in "$PATCHES"/*.patch; do
+        [ -e "$patch_file" ] || continue
+        note "patching: $(basename "$patch_file"): $(head -n 1 "$patch_file" | sed 's/^Why: //')"
+        patch -p1 --forward --quiet -d "$src" <"$patch_file" \
+            || die "$(basename "$patch_file") does not apply to horovod==$PIN"
+    done
+
+    # xla_mpi_ops.cc (an optional XLA lowering, off at run time unless
+    # HOROVOD_ENABLE_XLA_OPS=1) does not compile against TF 2.21's XLA headers.
+    sed -i '/xla_mpi_ops\.cc/d' "$src/horovod/tensorflow/CMakeLists.txt"
+    # Its CUDA kernels ask for C++11, which CUDA 13's headers no longer accept.
+    sed -i 's/set(CMAKE_CUDA_STANDARD 11)/set(CMAKE_CUDA_STANDARD 17)/' \
+        "$src/horovod/common/ops/cuda/CMakeLists.txt"
+
+    # PyTorch >= 2.1 headers need C++17 but Horovod's torch target asks for C++14;
+    # the last -std flag on a compiler command line wins, so a wrapper appends it.
+    local real_cxx
+    real_cxx="$(command -v g++ || command -v c++)" || die "no C++ compiler (g++) on PATH"
+    printf '#!/bin/sh\nexec "%s" "$@" -std=c++17\n' "$real_cxx" >"$work/cxx17"
+    chmod +x "$work/cxx17"
+    # nvcc gets the compiler itself as its host compiler, not the wrapper.
+    sed -i "s|set(CMAKE_CUDA_HOST_COMPILER \"\${CMAKE_CXX_COMPILER}\")|set(CMAKE_CUDA_HOST_COMPILER \"$real_cxx\")|" \
+        "$src/CMakeLists.txt"
+    if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
+        export PATH="/usr/local/cuda/bin:$PATH"
+    fi
+
+    local extra_flags=""
+    if importable tensorflow; then
+        local tf_include
+        tf_include="$("$PYTHON" -c 'import tensorflow as tf; print(tf.sysconfig.get_include())' 2>/dev/null)"
+        extra_flags="-I$tf_include/external/highwayhash -I$tf_include/external/farmhash_archive/src"
+    fi
+    local flag
+    for flag in "${flags[@]}"; do
+        case "$flag" in
+            HOROVOD_NCCL_INCLUDE=*) flags+=("HOROVOD_NCCL_LIB=$(nccl_lib_dir "${flag#*=}" "$work")") ;;
+        esac
+    done
+
+    mkdir -p "$output_dir"
+    note "building with: ${flags[*]}"
+    note "compiling (about 8 minutes on 2 cores; log in $output_dir/build.log)"
+    env CXX="$work/cxx17" CXXFLAGS="${CXXFLAGS:-} $extra_flags" "${flags[@]}" \
+        "$PYTHON" -m pip wheel --verbose --no-build-isolation --no-deps \
+        --disable-pip-version-check -w "$output_dir" "$src" >"$output_dir/build.log" 2>&1 &
+    local build_pid=$! started=$SECONDS
+    while kill -0 "$build_pid" 2>/dev/null; do
+        sleep 5
+        if kill -0 "$build_pid" 2>/dev/null && (( (SECONDS - started) % 60 < 5 )); then
+            note "... still compiling after $(( (SECONDS - started) / 60 )) min" \
+                "$(grep -o '^\[ *[0-9]*%\]' "$output_dir/build.log" | tail -n 1 || true)"
+        fi
+    done
+    if ! wait "$build_pid"; then
+        tail -n 30 "$output_dir/build.log" >&2
+        die "the Horovod build failed; the whole log is $output_dir/build.log"
+    fi
+    note "built $(find "$output_dir" -maxdepth 1 -name 'horovod-*.whl' | head -n 1)"
+}
+
+case "${1:-}" in
+    --print-flags) build_flags ;;
+    ""|-*) die "usage: $0 OUTPUT_DIR | --print-flags" ;;
+    *) build "$1" ;;
+esac
