@@ -59,24 +59,20 @@ def one_process(start: list, size: int) -> tuple[np.ndarray, float]:
 
 
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
-def test_horovodrun_across_ssh_hosts_trains_as_one_process_would(hosts, controller):
+def test_horovodrun_across_ssh_hosts_trains_as_one_process_would(hosts, controller, tmp_path):
     command = hosts.on("host-a", [
         horovodrun_path(), f"--{controller}", "-np", "2", "-H", "host-a:1,host-b:1",
         "--network-interfaces", hosts.interface, "--ssh-identity-file", str(hosts.key),
-        sys.executable, str(WORKERS / "across_hosts.py")])
+        sys.executable, str(WORKERS / "across_hosts.py"), str(tmp_path)])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1",
            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     done = subprocess.run(command, capture_output=True, text=True, timeout=180, env=env,
                           cwd=WORKERS)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-6000:]
-    # mpirun relays a remote rank's output in pieces, and another piece's tag can follow
-    # a line before its newline does: read each report up to its closing brace.
-    decoder = json.JSONDecoder()
-    reports = [decoder.raw_decode(line.split("REPORT ", 1)[1])[0]
-               for line in output.splitlines() if "REPORT " in line]
-    assert sorted((r["rank"], r["host"], r["size"]) for r in reports) == [
-        (0, "host-a", 2), (1, "host-b", 2)]
+    reports = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("rank-*.json"))]
+    assert [(r["rank"], r["host"], r["size"]) for r in reports] == [
+        (0, "host-a", 2), (1, "host-b", 2)], output[-3000:]
     weight, bias = one_process(reports[0]["start"], size=2)
     for report in reports:
         assert np.abs(np.array(report["weight"]) - weight).max() < 1e-12, report

@@ -1,19 +1,22 @@
 """Trains a float64 linear model for a few steps, one rank per host: ``python
-across_hosts.py``.
+across_hosts.py OUTDIR``.
 
 Rank r takes rows [r*BATCH, (r+1)*BATCH) of each step's batch of SIZE*BATCH samples
 (the same data on every host, made from a seed), SGD with momentum through
-DistributedOptimizer. Prints one ``REPORT {json}`` line per rank: its host name,
-rank, size and the final weights, which the test compares with one process on the
-concatenated batches (tests/test_ssh_cluster.py).
+DistributedOptimizer. Each rank writes OUTDIR/rank-<r>.json: its host name, rank,
+size and the final weights, which the test compares with one process on the
+concatenated batches (tests/test_ssh_cluster.py). A file, not a printed line: mpirun
+relays a remote rank's output in pieces and can lose the last ones at exit.
 """
 
+import json
 import os
 import socket
+import sys
+from pathlib import Path
 
 import numpy as np
 import torch
-from scenarios import report
 
 import hvdtrain.adapters.torch as hvt
 
@@ -46,9 +49,10 @@ def main() -> None:
         prediction = model(torch.from_numpy(x[step, rows])).squeeze(1)
         torch.nn.functional.mse_loss(prediction, torch.from_numpy(y[step, rows])).backward()
         optimizer.step()
-    report(rank, "trained", size=size, host=socket.gethostname(), pid=os.getpid(),
-           start=start, weight=model.weight.detach().numpy().ravel().tolist(),
-           bias=model.bias.item())
+    result = {"rank": rank, "size": size, "host": socket.gethostname(), "pid": os.getpid(),
+              "start": start, "weight": model.weight.detach().numpy().ravel().tolist(),
+              "bias": model.bias.item()}
+    (Path(sys.argv[1]) / f"rank-{rank}.json").write_text(json.dumps(result))
 
 
 if __name__ == "__main__":
