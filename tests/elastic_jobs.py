@@ -43,6 +43,7 @@ setsid "$(dirname "$0")/ssh-real" "$@" &
 wait $!
 """
 
+
 @dataclass
 class ElasticJob:
     """A finished elastic launch: exit code, merged output, parsed reports, the time it
@@ -74,10 +75,10 @@ def launch_elastic(tmp_path, worker: str, mode: str, hosts: list[str], min_np: i
     run_env = {**os.environ, "OMP_NUM_THREADS": "1", **env}
     if ssh is None:
         if leaky:
-            ssh = local.directory / "bin" / "ssh"
-            ssh.rename(ssh.with_name("ssh-real"))
-            ssh.write_text(LEAKY_SSH)
-            ssh.chmod(0o755)
+            stand_in = local.directory / "bin" / "ssh"
+            stand_in.rename(stand_in.with_name("ssh-real"))
+            stand_in.write_text(LEAKY_SSH)
+            stand_in.chmod(0o755)
         # Without --network-interfaces, Horovod's elastic Gloo launcher waits for 2 real
         # hosts.
         command = [*horovodrun, "--network-interfaces", "lo", *worker_command]

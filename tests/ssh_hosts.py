@@ -2,10 +2,10 @@
 own host name, address and ``sshd`` (Debian's openssh-server), joined by a bridge.
 
 What a cluster gives a launcher, and what the one-machine ssh stand-in
-(hvdtrain.local_hosts) does not: a separate ssh session per worker that sshd ends when
-the connection goes, a TCP connection per peer that a dead host's kernel resets, and
-host names that resolve to the hosts' own addresses (Horovod's Gloo rendezvous
-resolves ``gethostname()``; see ../shared/reference/clusters.md).
+(hvdtrain.local_hosts) only imitates: a real sshd session per worker, a network
+interface and address per host, and host names that resolve to those addresses
+(Horovod's Gloo rendezvous resolves ``gethostname()``; see
+../shared/reference/clusters.md).
 
 Everything is made per run and removed afterwards: the namespaces (the bridge lives
 in one of its own, so this machine's network is untouched), one key for the client
@@ -39,14 +39,10 @@ INTERFACE = "eth0"  # each host's link to the bridge: the same name on every hos
 _NETNS_ETC = Path("/etc/netns")
 
 
-def why_unavailable() -> str | None:
-    """Why hosts cannot be made here, or None when they can."""
-    for tool, package in (("ip", "iproute2"), ("unshare", "util-linux"),
-                          ("ssh-keygen", "openssh-client"), ("ssh", "openssh-client")):
-        if shutil.which(tool) is None:
-            return f"needs `{tool}` ({package}); scripts/setup.sh installs it"
-    if not os.access(SSHD, os.X_OK):
-        return f"needs {SSHD} (openssh-server); scripts/setup.sh installs it"
+def why_no_namespaces() -> str | None:
+    """Why network namespaces cannot be made here, or None when they can."""
+    if shutil.which("ip") is None:
+        return "needs iproute2's `ip` command; scripts/setup.sh installs it"
     if os.geteuid() != 0:
         return "creating network namespaces needs root"
     probe = f"hvdprobe{os.getpid()}"
@@ -55,6 +51,17 @@ def why_unavailable() -> str | None:
         return f"this machine refuses network namespaces: {made.stderr.strip()}"
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
     return None
+
+
+def why_unavailable() -> str | None:
+    """Why hosts with sshd cannot be made here, or None when they can."""
+    for tool, package in (("unshare", "util-linux"), ("ssh-keygen", "openssh-client"),
+                          ("ssh", "openssh-client")):
+        if shutil.which(tool) is None:
+            return f"needs `{tool}` ({package}); scripts/setup.sh installs it"
+    if not os.access(SSHD, os.X_OK):
+        return f"needs {SSHD} (openssh-server); scripts/setup.sh installs it"
+    return why_no_namespaces()
 
 
 def _run(*command: str) -> None:

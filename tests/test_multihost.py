@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from harness import WORKERS
+from ssh_hosts import why_no_namespaces
 
 from hvdtrain.launch import process_alive
 from hvdtrain.runtime import LAUNCHER_DEFAULTS
@@ -76,18 +77,9 @@ exec ip netns exec "$namespace" sh -c "$*"
 
 
 def _why_namespaces_cannot_be_made() -> str | None:
-    if shutil.which("ip") is None:
-        return "needs iproute2's `ip` command"
     if shutil.which("mpirun") is None:
         return "needs Open MPI's mpirun"
-    if os.geteuid() != 0:
-        return "creating network namespaces needs root"
-    probe = subprocess.run(["ip", "netns", "add", f"hvdprobe{os.getpid()}"],
-                           capture_output=True, text=True)
-    if probe.returncode != 0:
-        return f"this machine refuses network namespaces: {probe.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", f"hvdprobe{os.getpid()}"], capture_output=True)
-    return None
+    return why_no_namespaces()
 
 
 @pytest.fixture

@@ -19,14 +19,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from hvdtrain.launch import run_workers
+from test_examples import CHECKSUM_LINE, train
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 ROOT = Path(__file__).parents[1]
 SCRIPT = ROOT / "scripts" / "slurm-local.sh"
 DEMO = ROOT / "examples" / "torch_train.py"
-FINGERPRINT = re.compile(r"final state fingerprint ([0-9a-f]{8})")
 EPOCHS = "2"
 
 
@@ -53,14 +51,12 @@ def slurm(tmp_path_factory):
 @pytest.fixture(scope="module")
 def horovodrun_fingerprint(tmp_path_factory):
     """The demo's final state after horovodrun -np 2 --mpi, for comparison."""
-    checkpoint = tmp_path_factory.mktemp("horovodrun") / "demo.pt"
-    result = run_workers(DEMO, ["--epochs", EPOCHS, "--checkpoint", str(checkpoint)],
-                         controller="mpi", timeout=180).check()
-    return FINGERPRINT.search(result.ranks[0].output)[1]
+    _, _, checksum = train(tmp_path_factory.mktemp("horovodrun"), "mpi", "--epochs", EPOCHS)
+    return checksum
 
 
 def fingerprints(output: str) -> list[str]:
-    return FINGERPRINT.findall(output)
+    return CHECKSUM_LINE.findall(output)
 
 
 def test_srun_runs_the_demo_to_the_state_horovodrun_reaches(slurm, horovodrun_fingerprint,
@@ -88,7 +84,7 @@ def test_horovodrun_in_an_allocation_takes_its_hosts_from_slurm(slurm, horovodru
 
 
 @pytest.mark.parametrize(("script", "learned"), [
-    ("torch.sbatch", FINGERPRINT),
+    ("torch.sbatch", CHECKSUM_LINE),
     ("keras.sbatch", re.compile(r"val_accuracy: [\d.]+")),
 ])
 def test_the_sbatch_examples_train(slurm, tmp_path, script, learned):
