@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import hvdtrain
+from hvdtrain import horovod_patches
 from hvdtrain.launch import CONTROLLERS, LaunchError, run_workers
 
 SETUP_FIX = "run `bash scripts/setup.sh` from the hvdtrain checkout (or `make setup`)"
@@ -42,9 +43,11 @@ _CONTROLLERS = {"mpi": "MPI", "gloo": "Gloo"}
 
 @dataclass
 class Report:
-    """What the doctor found: lines to print and problems (each with its fix)."""
+    """What the doctor found: lines to print, problems (each with its fix) and warnings
+    (what works, but less well than it could)."""
 
     problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def line(self, text: str = "") -> None:
         print(text, flush=True)
@@ -52,6 +55,10 @@ class Report:
     def problem(self, what: str, fix: str) -> None:
         self.problems.append(what)
         print(f"  PROBLEM: {what}\n    fix: {fix}", flush=True)
+
+    def warning(self, what: str, fix: str) -> None:
+        self.warnings.append(what)
+        print(f"  WARNING: {what}\n    fix: {fix}", flush=True)
 
 
 def distribution_version(*names: str) -> str | None:
@@ -128,6 +135,28 @@ def check_horovod_build(report: Report) -> list[str]:
     return working
 
 
+def check_horovod_patches(report: Report) -> None:
+    """List each of hvdtrain's patches as present or missing, with what a missing one
+    costs (:mod:`hvdtrain.horovod_patches`)."""
+    report.line("hvdtrain's patches to Horovod")
+    if distribution_version("horovod") is None:
+        report.line("  skipped: Horovod is not installed")
+        return
+    present = horovod_patches.installed()
+    for patch in horovod_patches.PATCHES:
+        if patch.name in present:
+            report.line(f"  present  {patch.name}")
+        else:
+            report.line(f"  MISSING  {patch.name}: without it, {patch.without}")
+    missing = horovod_patches.missing_patches(present)
+    if missing:
+        report.warning(
+            f"Horovod lacks {len(missing)} of hvdtrain's {len(horovod_patches.PATCHES)} "
+            "patches (training is correct; see the costs above)",
+            f"build and install the patched Horovod: `{horovod_patches.BUILD_COMMAND}` from "
+            "the hvdtrain checkout (no root needed)")
+
+
 def check_allreduce(report: Report, frameworks: list[str], timeout: float) -> None:
     report.line("smoke check: 2-process allreduce under horovodrun")
     if not frameworks:
@@ -161,11 +190,13 @@ def run_doctor(timeout: float = 120.0) -> int:
     report.line(f"hvdtrain doctor ({sys.executable})")
     check_versions(report)
     frameworks = check_horovod_build(report)
+    check_horovod_patches(report)
     check_allreduce(report, frameworks, timeout)
     if report.problems:
         report.line(f"verdict: NOT READY - {len(report.problems)} problem(s): "
                     + "; ".join(report.problems))
         return 1
     report.line(f"verdict: READY - Horovod works with {' and '.join(frameworks)} "
-                f"over {' and '.join(_CONTROLLERS[c] for c in CONTROLLERS)}")
+                f"over {' and '.join(_CONTROLLERS[c] for c in CONTROLLERS)}"
+                + "".join(f"; warning: {warning}" for warning in report.warnings))
     return 0

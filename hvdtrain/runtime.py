@@ -21,7 +21,7 @@ import os
 import sys
 from collections.abc import Mapping
 
-from hvdtrain import allocator, watchdog
+from hvdtrain import allocator, horovod_patches, watchdog
 
 RUNTIME_DEFAULTS = {
     "HOROVOD_STALL_CHECK_TIME_SECONDS": "10",
@@ -30,16 +30,19 @@ RUNTIME_DEFAULTS = {
     # background thread spinning for the other rank takes that core from its own backward
     # pass whenever the ranks have no spare core. Yielding leaves it to the compute.
     "OMPI_MCA_mpi_yield_when_idle": "1",
-    # Read by hvdtrain's patched Horovod (scripts/patches/horovod/0002-idle-wait.patch):
-    # with nothing to send, the background thread sleeps until a tensor arrives (at most
-    # this many ms) instead of synchronising with every other rank each cycle.
-    "HVDTRAIN_IDLE_WAIT_MS": "100",
 }
-# Only where no accelerator is visible. With HVDTRAIN_IDLE_WAIT_MS an idle rank runs no
-# cycles, so the cycle time only paces the negotiation of tensors already sent: a short
-# one answers sooner (README, "Benchmarks"). On GPUs, where allreduces overlap the
-# backward pass and the cycle decides how many gradients are fused together, Horovod's
-# 1 ms stays.
+# Only on a Horovod with hvdtrain's idle-wait patch (scripts/patches/horovod/
+# 0002-idle-wait.patch, hvdtrain.horovod_patches): with nothing to send, the background
+# thread sleeps until a tensor arrives (at most this many ms) instead of synchronising
+# with every other rank each cycle.
+IDLE_WAIT_DEFAULTS = {"HVDTRAIN_IDLE_WAIT_MS": "100"}
+# Only where no accelerator is visible, and only with the idle wait. With it an idle rank
+# runs no cycles, so the cycle time only paces the negotiation of tensors already sent:
+# a short one answers sooner (README, "Benchmarks"). Without it a 0.1 ms cycle would
+# make an idle rank synchronise ten times as often (measured under Gloo on a build
+# without the patch: 1.14 s of CPU per idle 3 s against 0.15 s at 1 ms). On GPUs, where
+# allreduces overlap the backward pass and the cycle decides how many gradients are
+# fused together, Horovod's 1 ms stays.
 CPU_ONLY_DEFAULTS = {"HOROVOD_CYCLE_TIME": "0.1"}
 # Only in elastic jobs (Gloo). When a worker dies, a survivor whose Gloo receive was
 # waiting on a live peer (not the dead one) notices only when the receive times out,
@@ -65,17 +68,31 @@ _LAUNCHER_RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", 
 _LAUNCHER_SIZE_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 
-def apply_runtime_defaults(accelerator: bool = True) -> None:
-    """Set hvdtrain's Horovod and MPI defaults, leaving any variable the user already set,
-    and keep freed memory in the process (:func:`hvdtrain.allocator.keep_freed_memory`).
+def runtime_defaults(accelerator: bool, idle_wait: bool, elastic: bool) -> dict[str, str]:
+    """The defaults for a process: :data:`RUNTIME_DEFAULTS`, with the idle wait
+    :data:`IDLE_WAIT_DEFAULTS` and, without an accelerator, :data:`CPU_ONLY_DEFAULTS`, and
+    in an elastic job :data:`ELASTIC_DEFAULTS`.
+
+    >>> runtime_defaults(accelerator=False, idle_wait=False, elastic=False) == RUNTIME_DEFAULTS
+    True
+    """
+    return {**RUNTIME_DEFAULTS,
+            **(IDLE_WAIT_DEFAULTS if idle_wait else {}),
+            **(CPU_ONLY_DEFAULTS if idle_wait and not accelerator else {}),
+            **(ELASTIC_DEFAULTS if elastic else {})}
+
+
+def apply_runtime_defaults(accelerator: bool = True, idle_wait: bool = True) -> None:
+    """Set hvdtrain's Horovod and MPI defaults (:func:`runtime_defaults`), leaving any
+    variable the user already set, and keep freed memory in the process
+    (:func:`hvdtrain.allocator.keep_freed_memory`).
 
     Args:
-        accelerator: whether this process can see an accelerator (GPU); without one the
-            :data:`CPU_ONLY_DEFAULTS` apply too. In an elastic job (:func:`elastic_job`),
-            so do the :data:`ELASTIC_DEFAULTS`.
+        accelerator: whether this process can see an accelerator (GPU).
+        idle_wait: whether the installed Horovod carries hvdtrain's idle-wait patch
+            (:func:`hvdtrain.horovod_patches.has_patch`).
     """
-    defaults = {**RUNTIME_DEFAULTS, **({} if accelerator else CPU_ONLY_DEFAULTS),
-                **(ELASTIC_DEFAULTS if elastic_job() else {})}
+    defaults = runtime_defaults(accelerator, idle_wait, elastic_job())
     for name, value in defaults.items():
         os.environ.setdefault(name, value)
     allocator.keep_freed_memory()
@@ -146,11 +163,15 @@ def init_horovod(horovod_module, comm=None, process_sets=None, *,
     ``comm`` is Horovod's: None (every process), a list of ranks, or an mpi4py
     communicator (for several independent data-parallel groups in one job).
     ``accelerator`` says whether the framework sees a GPU (:func:`apply_runtime_defaults`).
+    On a Horovod without some of hvdtrain's patches, the defaults suit that build and
+    each host's first worker says once what is missing (:mod:`hvdtrain.horovod_patches`).
     """
-    apply_runtime_defaults(accelerator)
+    apply_runtime_defaults(accelerator,
+                           idle_wait=horovod_patches.has_patch(horovod_patches.IDLE_WAIT))
     watchdog.timeout_seconds()  # a malformed limit fails before any worker starts waiting
     horovod_module.init(comm=comm, process_sets=process_sets)
     announce_single_worker()
+    horovod_patches.announce_missing(horovod_module.local_rank())
     report_failures_as_rank(horovod_module.rank())
     watchdog.start(horovod_module.rank(), horovod_module.size())
 

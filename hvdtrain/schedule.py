@@ -201,10 +201,6 @@ class LinearScalingSchedule:
         decays = bisect_right(self.milestones, epoch)
         return lr * self.gamma**decays if decays else lr
 
-    def factor_at(self, step: int) -> float:
-        """``lr_at(step) / base_lr``: the multiplier to apply to any group's own η."""
-        return self.lr_at(step) / self.base_lr
-
     def epoch_table(self, epochs: int) -> list[EpochRow]:
         """One row per epoch for ``epochs`` epochs, for printing or checking a plan."""
         require_positive_int("epochs", epochs)

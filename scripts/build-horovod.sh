@@ -1,16 +1,32 @@
 #!/usr/bin/env bash
 # Builds hvdtrain's Horovod: the horovod==PIN source distribution (constraints.txt) with
 # hvdtrain's patches (scripts/patches/horovod/*.patch) and the fixes any current-torch
-# or current-TensorFlow build needs, into a wheel in OUTPUT_DIR. No root, no apt: it
-# uses the compilers, cmake and MPI on PATH. scripts/setup.sh and scripts/gpu-check.sh
-# build through it.
+# or current-TensorFlow build needs, into a wheel. No root, no apt: it uses the
+# compilers, cmake and MPI on PATH and the interpreter in PYTHON. scripts/setup.sh and
+# scripts/gpu-check.sh build through it; in your own venv or conda environment,
+# `scripts/build-horovod.sh --install` is the whole Horovod install (README, "Installing
+# into your own environment").
 #
-#   scripts/build-horovod.sh OUTPUT_DIR          build; the wheel lands in OUTPUT_DIR
-#   scripts/build-horovod.sh --print-flags       print the build's environment and stop
+#   scripts/build-horovod.sh [--stock] --install    build the wheel (or take it from the
+#                                                    cache) and pip-install it for PYTHON
+#   scripts/build-horovod.sh [--stock] --cached     print the cached wheel's path,
+#                                                    building it first when there is none
+#   scripts/build-horovod.sh [--stock] --cache-key  print the cache key and stop
+#   scripts/build-horovod.sh [--stock] OUTPUT_DIR   build; the wheel lands in OUTPUT_DIR
+#   scripts/build-horovod.sh --print-flags          print the build's environment and stop
+#
+# --stock builds Horovod as its admins would: the build fixes only, none of hvdtrain's
+# patches and no marker (tests/test_stock_horovod.py trains on it). A patched build
+# carries the marker horovod/hvdtrain_patches.py naming its patches; hvdtrain reads it
+# at init() (hvdtrain/horovod_patches.py).
 #
 # Environment:
 #   PYTHON                     the interpreter to build for (default python3); the
 #                              frameworks it can import are the ones built in
+#   HVDTRAIN_CACHE             wheels are kept in $HVDTRAIN_CACHE/wheels/KEY (default
+#                              ~/.cache/hvdtrain), KEY naming the Horovod, framework
+#                              and Python versions, the patches' digest (or "stock")
+#                              and whether NCCL and MPI are in
 #   HVDTRAIN_HOROVOD_FRAMEWORKS  "pytorch tensorflow" to insist on them (a missing one
 #                              then fails the build) instead of taking what imports
 #   HVDTRAIN_HOROVOD_SDIST     a local horovod-PIN.tar.gz (else pip downloads it)
@@ -26,6 +42,9 @@ set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
 PATCHES="$REPO_ROOT/scripts/patches/horovod"
+# Part of the cache key: raise it when a change here changes what the build produces.
+BUILD_REVISION=2
+STOCK=0
 PIN="$(sed -n 's/^horovod==\(.*\)$/\1/p' "$REPO_ROOT/constraints.txt")"
 
 note() { printf '    %s\n' "$*"; }
@@ -95,12 +114,103 @@ nccl_lib_dir() {  # nccl_lib_dir INCLUDE_DIR WORK_DIR
     echo "$link"
 }
 
+# Applies every patch to the Horovod source in $1 and writes the marker naming them.
+apply_patches() {
+    local src="$1" patch_file names=""
+    for patch_file in "$PATCHES"/*.patch; do
+        [ -e "$patch_file" ] || continue
+        note "patching: $(basename "$patch_file"): $(head -n 1 "$patch_file" | sed 's/^Why: //')"
+        patch -p1 --forward --quiet -d "$src" <"$patch_file" \
+            || die "$(basename "$patch_file") does not apply to horovod==$PIN"
+        names="$names    \"$(basename "$patch_file" .patch)\",\n"
+    done
+    printf '"""Written by hvdtrain'\''s scripts/build-horovod.sh: the hvdtrain patches this\nHorovod was built with (hvdtrain/horovod_patches.py reads it)."""\n\nPATCHES = (\n'"$names"')\n' \
+        >"$src/horovod/hvdtrain_patches.py"
+}
+
+# The cache key: what makes two builds interchangeable.
+cache_key() {
+    local flags frameworks="" versions patches
+    flags="$(build_flags)"
+    grep -q '^HOROVOD_WITH_PYTORCH=1$' <<<"$flags" && frameworks="torch"
+    grep -q '^HOROVOD_WITH_TENSORFLOW=1$' <<<"$flags" && frameworks="$frameworks tensorflow"
+    # shellcheck disable=SC2086  # one argument per framework
+    versions="$("$PYTHON" -c '
+import importlib, sys
+labels = {"torch": "torch", "tensorflow": "tf"}
+parts = [labels[name] + importlib.import_module(name).__version__ for name in sys.argv[1:]]
+print("-".join([*parts, f"cp{sys.version_info[0]}{sys.version_info[1]}"]))
+' $frameworks 2>/dev/null)" || die "cannot read the framework versions from $PYTHON"
+    if [ "$STOCK" = 1 ]; then
+        patches="stock"
+    else
+        patches="patches$(cat "$PATCHES"/*.patch | sha256sum | cut -c1-12)"
+    fi
+    local key="horovod$PIN-$versions-r$BUILD_REVISION-$patches"
+    grep -q '^HOROVOD_GPU_OPERATIONS=NCCL$' <<<"$flags" && key="$key-nccl"
+    grep -q '^HOROVOD_WITHOUT_MPI=1$' <<<"$flags" && key="$key-nompi"
+    echo "${key//+/_}"
+}
+
+cache_dir() { echo "${HVDTRAIN_CACHE:-$HOME/.cache/hvdtrain}/wheels/$(cache_key)"; }
+
+cached_wheel() {  # the cached wheel's path, or nothing
+    find "$(cache_dir)" -maxdepth 1 -name 'horovod-*.whl' 2>/dev/null | head -n 1 || true
+}
+
+# The cached wheel's path, building it into the cache first when there is none.
+wheel_from_cache() {
+    local wheel
+    wheel="$(cached_wheel)"
+    if [ -z "$wheel" ]; then
+        build "$(cache_dir)" >&2
+        wheel="$(cached_wheel)"
+        [ -n "$wheel" ] || die "the build left no wheel in $(cache_dir)"
+    fi
+    echo "$wheel"
+}
+
+# Whether the installed Horovod imports for every framework it was built with.
+horovod_imports() {
+    local flags
+    flags="$(build_flags)"
+    if grep -q '^HOROVOD_WITH_PYTORCH=1$' <<<"$flags"; then
+        "$PYTHON" -c "import horovod.torch" >/dev/null 2>&1 || return 1
+    fi
+    if grep -q '^HOROVOD_WITH_TENSORFLOW=1$' <<<"$flags"; then
+        "$PYTHON" -c "import horovod.tensorflow" >/dev/null 2>&1 || return 1
+    fi
+}
+
+pip_install() {
+    # Some machines list index folders that do not exist; pip warns once per package.
+    "$PYTHON" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps \
+        "$1" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+}
+
+install() {
+    local wheel
+    wheel="$(wheel_from_cache)"
+    note "installing $(basename "$wheel") for $PYTHON"
+    pip_install "$wheel"
+    if ! horovod_imports; then
+        note "the cached wheel does not import here; rebuilding it"
+        rm -rf "$(cache_dir)"
+        wheel="$(wheel_from_cache)"
+        pip_install "$wheel"
+        horovod_imports \
+            || die "Horovod was built and installed but does not import; see $(cache_dir)/build.log"
+    fi
+    note "installed $(basename "$wheel")"
+}
+
 WORK=""
 trap '[ -z "$WORK" ] || rm -rf "$WORK"' EXIT
 
 build() {
     local output_dir="$1"
     WORK="$(mktemp -d)"
+    trap 'rm -rf "$WORK"' EXIT  # also when build runs in a subshell of its own
     local work="$WORK"
     local -a flags
     mapfile -t flags < <(build_flags)
@@ -109,19 +219,18 @@ build() {
     else
         note "downloading the horovod==$PIN source distribution"
         "$PYTHON" -m pip download --quiet --disable-pip-version-check --no-deps \
-            --no-binary :all: "horovod==$PIN" -d "$work"
+            --no-binary :all: "horovod==$PIN" -d "$work" \
+            2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
     fi
     tar -xzf "$work"/horovod-*.tar.gz -C "$work"
     local src
     src="$(find "$work" -maxdepth 1 -type d -name 'horovod-*')"
 
-    local patch_file
-    for patch_file in "$PATCHES"/*.patch; do
-        [ -e "$patch_file" ] || continue
-        note "patching: $(basename "$patch_file"): $(head -n 1 "$patch_file" | sed 's/^Why: //')"
-        patch -p1 --forward --quiet -d "$src" <"$patch_file" \
-            || die "$(basename "$patch_file") does not apply to horovod==$PIN"
-    done
+    if [ "$STOCK" = 1 ]; then
+        note "stock: none of hvdtrain's patches, no marker"
+    else
+        apply_patches "$src"
+    fi
 
     # xla_mpi_ops.cc (an optional XLA lowering, off at run time unless
     # HOROVOD_ENABLE_XLA_OPS=1) does not compile against TF 2.21's XLA headers.
@@ -177,8 +286,15 @@ build() {
     note "built $(find "$output_dir" -maxdepth 1 -name 'horovod-*.whl' | head -n 1)"
 }
 
+if [ "${1:-}" = "--stock" ]; then
+    STOCK=1
+    shift
+fi
 case "${1:-}" in
     --print-flags) build_flags ;;
-    ""|-*) die "usage: $0 OUTPUT_DIR | --print-flags" ;;
+    --cache-key) cache_key ;;
+    --cached) wheel_from_cache ;;
+    --install) install ;;
+    ""|-*) die "usage: $0 [--stock] --install | --cached | --cache-key | OUTPUT_DIR; $0 --print-flags" ;;
     *) build "$1" ;;
 esac

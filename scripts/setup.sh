@@ -9,7 +9,8 @@
 #   4. torch, tensorflow-cpu and mpi4py: what Horovod's build compiles against
 #   5. Horovod built from its PyPI source distribution against exactly those
 #      frameworks, with hvdtrain's patches (scripts/patches/horovod/*.patch, each
-#      starting with a line saying why) applied first, by scripts/build-horovod.sh;
+#      starting with a line saying why) applied first, and installed, by
+#      `scripts/build-horovod.sh --install` (the same step as in your own environment);
 #      cached as a wheel outside the repository, keyed by the versions and the
 #      patches' contents
 #   6. hvdtrain itself, editable, with its test and plot extras (setup.py compiles its
@@ -32,7 +33,6 @@ PYTHON="${PYTHON:-python3.11}"
 CACHE_ROOT="${HVDTRAIN_CACHE:-$HOME/.cache/hvdtrain}"
 DEBIAN_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make patch)
 CLUSTER_TEST_PACKAGES=(openssh-server openssh-client iproute2 slurm-wlm munge)
-HOROVOD_PATCHES="$REPO_ROOT/scripts/patches/horovod"
 
 BUILD_DIR="$(mktemp -d)"  # scratch files; removed on exit
 trap 'rm -rf "$BUILD_DIR"' EXIT
@@ -139,45 +139,24 @@ assert hvd_tf.mpi_built() and hvd_tf.gloo_built()
 EOF
 }
 
-build_horovod() {  # build_horovod OUTPUT_DIR | --print-flags: scripts/build-horovod.sh for .venv
+build_horovod() {  # build_horovod ARGS...: scripts/build-horovod.sh for .venv
     PYTHON="$VENV/bin/python" HVDTRAIN_HOROVOD_FRAMEWORKS="pytorch tensorflow" \
-        bash "$REPO_ROOT/scripts/build-horovod.sh" "$@"
+        HVDTRAIN_CACHE="$CACHE_ROOT" bash "$REPO_ROOT/scripts/build-horovod.sh" "$@"
 }
 
 install_horovod() {
-    local nccl_suffix="" with_nccl="" flags
-    flags="$(build_horovod --print-flags)"
-    if printf '%s\n' "$flags" | grep -q '^HOROVOD_GPU_OPERATIONS=NCCL$'; then
-        nccl_suffix="-nccl"
-        with_nccl=1
-    fi
-    local key patches_digest
-    # The patches' contents are part of the key: changing one rebuilds the wheel.
-    patches_digest="$(cat "$HOROVOD_PATCHES"/*.patch 2>/dev/null | sha256sum | cut -c1-12)"
-    key="horovod$(pin horovod)-torch$(pin torch)-tf$(pin tensorflow-cpu)-$("$VENV/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')-patches$patches_digest$nccl_suffix"
-    local wheel_dir="$CACHE_ROOT/wheels/$key"
-    stage "Horovod $(pin horovod) with PyTorch, TensorFlow, MPI and Gloo${with_nccl:+ and NCCL} (cache: $wheel_dir)"
-
+    local key
+    key="$(build_horovod --cache-key)"
+    local with_nccl=""
+    [[ "$key" == *-nccl* ]] && with_nccl=1
+    stage "Horovod $(pin horovod) with PyTorch, TensorFlow, MPI and Gloo${with_nccl:+ and NCCL} (cache: $CACHE_ROOT/wheels/$key)"
     local marker="$VENV/.horovod-build-key"
     if horovod_works && [ "$(cat "$marker" 2>/dev/null)" = "$key" ]; then
         note "already installed and working"
         return
     fi
-    local wheel
-    wheel="$(find "$wheel_dir" -maxdepth 1 -name 'horovod-*.whl' 2>/dev/null | head -n 1 || true)"
-    if [ -n "$wheel" ]; then
-        note "installing the cached wheel $(basename "$wheel")"
-        if pip_install --force-reinstall --no-deps "$wheel" && horovod_works; then
-            echo "$key" >"$marker"
-            return
-        fi
-        note "the cached wheel does not import; rebuilding it"
-        rm -rf "$wheel_dir"
-    fi
-    build_horovod "$wheel_dir"
-    wheel="$(find "$wheel_dir" -maxdepth 1 -name 'horovod-*.whl' | head -n 1)"
-    pip_install --force-reinstall --no-deps "$wheel"
-    horovod_works || die "Horovod was built but does not import with both frameworks; see $wheel_dir/build.log"
+    build_horovod --install
+    horovod_works || die "Horovod was installed but does not import with both frameworks; see $CACHE_ROOT/wheels/$key/build.log"
     echo "$key" >"$marker"
 }
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from hvdtrain import horovod_patches
 from hvdtrain.cli import main
 from hvdtrain.doctor import MPI_FIX, Report, check_versions
 from hvdtrain.runtime import LAUNCHER_DEFAULTS, RUNTIME_DEFAULTS
@@ -83,6 +84,9 @@ def test_doctor_is_green_on_this_machine():
     for controller in ("gloo", "mpi"):
         for framework in ("PyTorch", "TensorFlow"):
             assert (controller, framework, "ok") in smoke, (controller, framework)
+    for patch in horovod_patches.PATCHES:  # setup.sh installs the patched build
+        assert f"  present  {patch.name}" in lines, patch.name
+    assert "warning" not in lines[-1]
 
 
 def test_env_prints_exports_for_the_defaults_not_yet_set(monkeypatch, capsys):

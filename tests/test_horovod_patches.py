@@ -11,10 +11,43 @@ from pathlib import Path
 import pytest
 from harness import launch, reports
 
+from hvdtrain import horovod_patches
 from hvdtrain.launch import CONTROLLERS, horovodrun_path
 from hvdtrain.local_hosts import LocalHosts
 
 PATCHES = Path(__file__).parents[1] / "scripts" / "patches" / "horovod"
+
+
+def test_hvdtrain_knows_each_patch_by_its_file_name():
+    """hvdtrain.horovod_patches lists what each patch's absence costs; every patch file is
+    listed there and nothing else is."""
+    assert [patch.name for patch in horovod_patches.PATCHES] == sorted(
+        path.stem for path in PATCHES.glob("*.patch"))
+
+
+def test_the_installed_build_carries_a_marker_naming_every_patch():
+    """scripts/build-horovod.sh writes horovod/hvdtrain_patches.py into the patched build."""
+    assert horovod_patches.read_marker() == {patch.name for patch in horovod_patches.PATCHES}
+
+
+def test_the_marker_is_read_without_importing_horovod(tmp_path):
+    stock, patched = tmp_path / "stock", tmp_path / "patched"
+    stock.mkdir()
+    patched.mkdir()
+    (patched / horovod_patches.MARKER).write_text('"""Marker."""\n\nPATCHES = (\n    "a",\n'
+                                                  '    "b",\n)\n')
+    assert horovod_patches.read_marker([str(stock)]) == frozenset()
+    assert horovod_patches.read_marker([str(stock), str(patched)]) == {"a", "b"}
+
+
+def test_the_notice_names_what_is_missing_what_it_costs_and_the_fix():
+    missing = horovod_patches.missing_patches(frozenset(
+        patch.name for patch in horovod_patches.PATCHES if patch.name != "0005-stateful-join"))
+    assert [patch.name for patch in missing] == ["0005-stateful-join"]
+    notice = horovod_patches.missing_patches_notice(missing)
+    assert "\n" not in notice
+    assert "patches 0005-stateful-join: training is correct, but JoinAtEpochEnd" in notice
+    assert horovod_patches.BUILD_COMMAND in notice
 
 
 def test_every_patch_says_why_in_its_first_line():

@@ -1,13 +1,14 @@
 """The core imports no framework: `import hvdtrain` works without torch, TensorFlow or Horovod."""
 
 import doctest
+import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from hvdtrain import elastic, schedule, slurm
+from hvdtrain import elastic, horovod_patches, runtime, schedule, slurm
 
 
 def test_core_modules_import_without_any_framework():
@@ -25,7 +26,7 @@ def test_core_modules_import_without_any_framework():
         import hvdtrain.allocator
         import hvdtrain.validation, hvdtrain.metrics, hvdtrain.nonfinite, hvdtrain.trees
         import hvdtrain.launch, hvdtrain.cli, hvdtrain.doctor
-        import hvdtrain.elastic, hvdtrain.slurm, hvdtrain.local_hosts
+        import hvdtrain.elastic, hvdtrain.slurm, hvdtrain.local_hosts, hvdtrain.horovod_patches
         assert hvdtrain.cli.main(["schedule", "--base-lr", "0.1", "--batch-size-per-worker",
                                   "32", "--workers", "16", "--steps-per-epoch", "5",
                                   "--epochs", "6"]) == 0
@@ -49,7 +50,45 @@ def test_the_torch_adapter_says_what_is_missing_before_init():
     assert "call hvt.init() first" in done.stdout, done.stderr
 
 
-@pytest.mark.parametrize("module", [schedule, elastic, slurm])
+@pytest.mark.parametrize("module", [schedule, elastic, slurm, horovod_patches, runtime])
 def test_the_examples_in_the_core_docstrings_hold(module):
     results = doctest.testmod(module)
     assert results.attempted > 0 and results.failed == 0
+
+
+_IMPORT_EVERYTHING = textwrap.dedent("""
+    import importlib, os, sys
+    from pathlib import Path
+
+    keras_family = sys.argv[1] == "keras"
+    frameworks = ["keras", "tensorflow", "horovod.tensorflow"] if keras_family else [
+        "torch", "horovod.torch"]
+    for framework in frameworks:  # frameworks may set variables of their own on import
+        importlib.import_module(framework)
+    import hvdtrain
+
+    root = Path(hvdtrain.__file__).parent
+    names = sorted(".".join(("hvdtrain", *path.relative_to(root).with_suffix("").parts))
+                   .removesuffix(".__init__") for path in root.rglob("*.py"))
+    names = [name for name in names if name not in ("hvdtrain._rank_entry", "hvdtrain._smoke")
+             and ("adapters.keras" in name or "adapters.tensorflow" in name) == keras_family]
+    before = dict(os.environ)
+    for name in names:
+        importlib.import_module(name)
+    changed = sorted(key for key in {*before, *os.environ}
+                     if before.get(key) != os.environ.get(key))
+    print("imported", len(names), "changed", changed, "mpi4py", "mpi4py" in sys.modules)
+""")
+
+
+@pytest.mark.parametrize("family", ["torch", "keras"])
+def test_importing_any_hvdtrain_module_changes_no_environment_variable(family):
+    """Runtime defaults (and the allocator) apply in init(), never on import; the NumPy
+    adapter does not even import mpi4py (which would start MPI) before its init()."""
+    done = subprocess.run([sys.executable, "-c", _IMPORT_EVERYTHING, family],
+                          capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "KERAS_BACKEND": "tensorflow"})
+    assert done.returncode == 0, done.stderr
+    summary = done.stdout.splitlines()[-1]
+    assert summary.endswith("changed [] mpi4py False"), summary
+    assert int(summary.split()[1]) > (5 if family == "keras" else 20), summary

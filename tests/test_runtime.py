@@ -41,8 +41,8 @@ def test_missing_defaults_leave_what_the_user_set(monkeypatch):
 
 @pytest.mark.parametrize("elastic", [True, False])
 def test_elastic_jobs_get_a_short_gloo_timeout_unless_the_user_set_one(monkeypatch, elastic):
-    for name in {**runtime.RUNTIME_DEFAULTS, **runtime.CPU_ONLY_DEFAULTS,
-                 **runtime.ELASTIC_DEFAULTS}:
+    for name in {**runtime.RUNTIME_DEFAULTS, **runtime.IDLE_WAIT_DEFAULTS,
+                 **runtime.CPU_ONLY_DEFAULTS, **runtime.ELASTIC_DEFAULTS}:
         monkeypatch.delenv(name, raising=False)
     if elastic:
         monkeypatch.setenv("HOROVOD_ELASTIC", "1")
@@ -54,3 +54,15 @@ def test_elastic_jobs_get_a_short_gloo_timeout_unless_the_user_set_one(monkeypat
     monkeypatch.setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", "99")
     runtime.apply_runtime_defaults(accelerator=False)
     assert os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "99"
+
+
+@pytest.mark.parametrize("accelerator", [True, False])
+@pytest.mark.parametrize("idle_wait", [True, False])
+def test_the_short_cycle_comes_only_with_the_idle_wait_and_without_an_accelerator(
+        accelerator, idle_wait):
+    """On a Horovod without the idle-wait patch a 0.1 ms cycle would make idle ranks
+    synchronise ten times as often: Horovod's own cycle stays there."""
+    defaults = runtime.runtime_defaults(accelerator, idle_wait, elastic=False)
+    assert ("HVDTRAIN_IDLE_WAIT_MS" in defaults) is idle_wait
+    assert ("HOROVOD_CYCLE_TIME" in defaults) is (idle_wait and not accelerator)
+    assert runtime.RUNTIME_DEFAULTS.items() <= defaults.items()

@@ -102,12 +102,6 @@ def test_warmup_disabled_and_fractional():
     assert half.lr_at(78) == pytest.approx(3.2)
 
 
-def test_factor_is_lr_over_eta():
-    s = paper_schedule(milestones=(30,))
-    for t in (0, 100, 780, 30 * 156):
-        assert s.factor_at(t) * s.base_lr == pytest.approx(s.lr_at(t), rel=1e-12)
-
-
 def test_epoch_table_rows():
     s = paper_schedule()
     rows = s.epoch_table(7)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -44,9 +44,8 @@ from hvdtrain.schedule import (
 )
 from hvdtrain.validation import require_instance, require_root_rank, require_same_world_size
 
-# mpi4py starts MPI when it is imported, and MPI reads its settings when it starts.
-runtime.apply_runtime_defaults(accelerator=False)
-from mpi4py import MPI  # noqa: E402
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 __all__ = [
     "DistributedSGD", "LinearScalingWarmup", "NonFiniteGradientError", "ReplicaMismatchError",
@@ -68,6 +67,8 @@ def init(comm: MPI.Comm | None = None) -> None:
             starts processes outside one MPI world), saying how to launch instead.
     """
     global _communicator
+    runtime.apply_runtime_defaults(accelerator=False, idle_wait=False)
+    MPI = _mpi()
     launched = launcher_size() or 1
     world = MPI.COMM_WORLD.Get_size()
     if comm is None and launched > 1 and world != launched:
@@ -81,6 +82,15 @@ def init(comm: MPI.Comm | None = None) -> None:
     _communicator = comm if comm is not None else MPI.COMM_WORLD
     announce_single_worker()
     watchdog.start(_communicator.Get_rank(), _communicator.Get_size())
+
+
+def _mpi():
+    """mpi4py's MPI module. mpi4py starts MPI when it is first imported, and MPI reads its
+    settings when it starts, so :func:`init` sets hvdtrain's defaults before the first
+    import here (a script that imported mpi4py itself started MPI before them)."""
+    from mpi4py import MPI
+
+    return MPI
 
 
 def _comm() -> MPI.Comm:
@@ -125,7 +135,7 @@ def allreduce_mean(array: Any) -> np.ndarray:
         data = data.astype(np.int64)
     total = np.empty_like(data)
     with watchdog.guard("allreduce_mean's Allreduce"):
-        _comm().Allreduce(data, total, op=MPI.SUM)
+        _comm().Allreduce(data, total, op=_mpi().SUM)
     if np.issubdtype(total.dtype, np.floating):
         total /= size()
         return total
@@ -213,7 +223,7 @@ class DistributedSGD:
         flat = np.concatenate([np.asarray(g, dtype=self._wire_dtype).reshape(-1) for g in grads])
         total = np.empty_like(flat)
         with watchdog.guard(f"the gradient Allreduce of step {self.steps_taken}"):
-            _comm().Allreduce(flat, total, op=MPI.SUM)
+            _comm().Allreduce(flat, total, op=_mpi().SUM)
         total /= size()
         pieces = np.split(total, np.cumsum([p.size for p in self.params])[:-1])
         return [piece.reshape(p.shape).astype(p.dtype, copy=False)
@@ -277,8 +287,8 @@ class LinearScalingWarmup:
         return {"steps_taken": self.steps_taken}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` (also accepts the ``steps_done`` key of hvdtrain 0.1.0)."""
-        self.steps_taken = int(state.get("steps_taken", state.get("steps_done", 0)))
+        """Continue from ``state``."""
+        self.steps_taken = int(state["steps_taken"])
         self.optimizer.lr = self.schedule.lr_at(self.steps_taken)
 
 

@@ -100,8 +100,9 @@ __all__ = [
 class DistributedGradientTape:
     """Wraps a finished ``tf.GradientTape`` so that ``gradient()`` averages across workers.
 
-    All gradients of one ``gradient()`` call go through one grouped allreduce (or, with
-    ``compression="bf16"``, one allgather). Works eagerly and inside ``tf.function``.
+    All gradients of one ``gradient()`` call go through one collective: one flat buffer
+    on TensorFlow's CPU, else one grouped allreduce (with ``compression="bf16"``, one
+    allgather). Works eagerly and inside ``tf.function``.
     An averaged gradient holding NaN or Inf stops training on every rank (an
     ``InvalidArgumentError`` naming the optimizer step when ``optimizer`` is given),
     unless ``check_nonfinite=False``.

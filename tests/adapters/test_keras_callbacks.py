@@ -122,3 +122,13 @@ def check_join_uneven(run, tolerance: float) -> None:
                                  for b in range(batches)]
     for report in (rank0, rank1):
         assert report["loss"] == pytest.approx(reference_loss, rel=tolerance)
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+def test_join_can_be_called_again_in_the_same_process(keras_run, keras_torch_run, backend):
+    """Two joins in a row, each answered by both ranks (on TensorFlow, patch 0005 is what
+    lets the second run at all: tests/test_stock_horovod.py shows the refusal without it)."""
+    run = keras_run if backend == "tensorflow" else keras_torch_run
+    for report in run.both("join_twice"):
+        assert len(report["last_joined"]) == 2
+        assert set(report["last_joined"]) <= {0, 1}

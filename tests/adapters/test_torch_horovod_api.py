@@ -15,6 +15,7 @@ from torch_results import max_difference, tensors
 from workers.torch_common import STEPS, loss_fn, make_data, make_model, make_optimizer, rows
 
 import hvdtrain.adapters.torch as hvt
+from hvdtrain import horovod_patches, runtime
 from hvdtrain.launch import CONTROLLERS
 
 # hvdtrain's own versions (README, "Coming from Horovod"); elastic is a module.
@@ -95,3 +96,14 @@ def test_a_process_set_limits_the_average_to_its_ranks(controller, tmp_path):
             <= 1e-12
     # and the two ranks did train apart (their rows differ)
     assert max_difference(own_rows_reference(0), own_rows_reference(1)) > 1e-3
+
+
+def test_init_chooses_the_idle_wait_defaults_on_the_patched_build(torch_run):
+    """The build setup.sh installs carries every patch (its marker says so): init() sets
+    the idle wait and, on this CPU-only machine, the 0.1 ms cycle; nothing is announced
+    as missing. tests/test_stock_horovod.py checks the opposite on a stock build."""
+    for report in torch_run.both("runtime_defaults"):
+        assert report["patches"] == [patch.name for patch in horovod_patches.PATCHES]
+        for name, value in {**runtime.IDLE_WAIT_DEFAULTS, **runtime.CPU_ONLY_DEFAULTS}.items():
+            assert report[name] == value, name
+    assert "built without hvdtrain's patches" not in torch_run.result.report()

@@ -2,7 +2,7 @@
 backend, hvdtrain.adapters.tensorflow) in one launch.
 
 ``python keras_adapter.py OUTDIR``. Each scenario prints ``REPORT {json}`` lines and
-saves weights as OUTDIR/<name>-rank<r>.npz; tests/adapters/test_keras.py and
+saves weights as OUTDIR/<name>-rank<r>.npz; tests/adapters/test_keras_*.py and
 test_tensorflow.py compare them with one plain-Keras process. Run with
 KERAS_BACKEND=torch it runs the backend-independent fit scenarios only.
 """
@@ -203,6 +203,13 @@ def scenario_mixed_precision() -> None:
     report("mixed_precision", scales=recorder.scales, iterations=recorder.iterations,
            optimizer=type(model.optimizer).__name__)
     save("mixed_precision", model)
+
+
+def scenario_join_twice() -> None:
+    """hvk.join() twice in one process (each rank once per call, no training between)."""
+    first = hvk.join()
+    second = hvk.join()
+    report("join_twice", last_joined=[first, second])
 
 
 def scenario_horovod_api() -> None:
@@ -624,6 +631,7 @@ def main() -> None:
         "sgd_accumulate": functools.partial(fit, "sgd_accumulate", "sgd", passes=2),
         "sync_batch_norm": scenario_sync_batch_norm,
         "join_uneven": scenario_join_uneven,
+        "join_twice": scenario_join_twice,
     }
     if TENSORFLOW:
         scenarios.update({

@@ -11,8 +11,11 @@ did report are still judged.)
 from __future__ import annotations
 
 import json
+import os
 import traceback
 from collections.abc import Callable
+
+ONLY = "HVDTRAIN_TEST_SCENARIOS"
 
 
 def report(rank: int, scenario: str, **values) -> None:
@@ -21,8 +24,18 @@ def report(rank: int, scenario: str, **values) -> None:
 
 
 def run_scenarios(rank: Callable[[], int], scenarios: dict[str, Callable[[], None]]) -> None:
-    """Run each scenario in order; report a failing one with its traceback and go on."""
+    """Run each scenario in order; report a failing one with its traceback and go on.
+
+    With ``HVDTRAIN_TEST_SCENARIOS=a,b`` in the environment only those run (a name that is
+    not a scenario is an error), in this order.
+    """
+    chosen = [name for name in os.environ.get(ONLY, "").split(",") if name]
+    unknown = set(chosen) - set(scenarios)
+    if unknown:
+        raise ValueError(f"{ONLY} names no scenario {sorted(unknown)}; there are {list(scenarios)}")
     for name, scenario in scenarios.items():
+        if chosen and name not in chosen:
+            continue
         try:
             scenario()
         except Exception:

@@ -1,15 +1,17 @@
 """Runs on each of 2 ranks: every check of hvdtrain.adapters.torch in one launch.
 
 ``python torch_adapter.py OUTDIR``. Each scenario prints ``REPORT {json}`` lines and
-saves tensors as OUTDIR/<name>-rank<r>.pt; tests/adapters/test_torch.py compares
+saves tensors as OUTDIR/<name>-rank<r>.pt; tests/adapters/test_torch_*.py compare
 them with an independent single-process computation and across ranks.
 """
 
 import functools
+import os
 import sys
 import warnings
 from pathlib import Path
 
+import horovod
 import torch
 from scenarios import report as report_for_rank
 from scenarios import run_scenarios
@@ -26,6 +28,7 @@ from torch_common import (
 )
 
 import hvdtrain.adapters.torch as hvt
+from hvdtrain import horovod_patches
 
 OUT = Path(sys.argv[1])
 
@@ -74,6 +77,14 @@ def train(name: str, kind: str, passes: int = 1, dtype=torch.float64, divide_los
         checksums.append(checksum(model))
     report(name, lrs=lrs, checksums=checksums, overlap=optimizer.overlap)
     save(name, parameters(model))
+
+
+def scenario_runtime_defaults() -> None:
+    """What init() chose for this Horovod build (hvdtrain.runtime, hvdtrain.horovod_patches)."""
+    report("runtime_defaults", patches=sorted(horovod_patches.installed()),
+           horovod=horovod.__file__,
+           **{name: os.environ.get(name) for name in ("HOROVOD_CYCLE_TIME",
+                                                     "HVDTRAIN_IDLE_WAIT_MS")})
 
 
 def scenario_broadcast_state() -> None:
@@ -387,6 +398,7 @@ def main() -> None:
     run_scenarios(hvt.rank, {
         **{name: functools.partial(train, name, **settings)
            for name, settings in trainings.items()},
+        "runtime_defaults": scenario_runtime_defaults,
         "broadcast_state": scenario_broadcast_state,
         "mismatch": scenario_mismatch,
         "verify_replicas": scenario_verify_replicas,

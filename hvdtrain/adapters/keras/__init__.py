@@ -7,7 +7,7 @@ Keras 2 APIs. This adapter works with Keras 3 on the TensorFlow backend (through
 module per concern:
 
 - :mod:`.optimizer`: :func:`DistributedOptimizer` (any Keras 3 optimizer, gradients
-  averaged across workers with one grouped allreduce per step; mixed_float16 loss
+  averaged across workers with one collective per step; mixed_float16 loss
   scaling decided on the averaged gradients).
 - :mod:`.checkpoint`: :func:`save_model` and :func:`load_model` (rank 0 writes
   atomically; rank 0 reads and every rank gets the model).
@@ -110,7 +110,7 @@ broadcast = _hvd.broadcast
 broadcast_object = _hvd.broadcast_object
 grouped_allreduce = _hvd.grouped_allreduce
 reducescatter = _hvd.reducescatter
-join = _hvd.join
+join = collectives.join
 cross_rank = _hvd.cross_rank
 cross_size = _hvd.cross_size
 mpi_threads_supported = _hvd.mpi_threads_supported

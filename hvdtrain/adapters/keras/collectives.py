@@ -20,7 +20,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from hvdtrain import runtime, watchdog
+from hvdtrain import horovod_patches, runtime, watchdog
 from hvdtrain.adapters.keras import tally
 from hvdtrain.consistency import check_ranks_agree as _check_ranks_agree
 from hvdtrain.metrics import average_gathered
@@ -64,6 +64,30 @@ def accelerator_visible() -> bool:
 def require_initialized(what: str) -> None:
     """Raise RuntimeError naming ``what`` unless ``init()`` has run."""
     runtime.require_initialized(horovod().is_initialized(), what, "init()")
+
+
+_joined = False  # whether this process has called join()
+
+
+def join(device: int | None = None) -> int:
+    """Horovod's ``join``: wait until every rank has joined (meanwhile send zeros to the
+    others' allreduces); returns the last rank to join. ``device`` is passed on to
+    ``horovod.torch.join`` on the torch backend (TensorFlow's takes none).
+
+    On Keras's TensorFlow backend a Horovod without hvdtrain's patch 0005 runs only the
+    first join of a process (:mod:`hvdtrain.horovod_patches`); a second one raises
+    RuntimeError there instead of returning at once and hanging the job.
+    """
+    global _joined
+    if (_joined and keras.backend.backend() == "tensorflow"
+            and not horovod_patches.has_patch(horovod_patches.STATEFUL_JOIN)):
+        raise RuntimeError(horovod_patches.missing_patch_message(
+            "A second join() in one process on Keras's TensorFlow backend",
+            horovod_patches.STATEFUL_JOIN,
+            "without it TensorFlow would not run it, it would return at once while the other "
+            "ranks still train, and the job would hang"))
+    _joined = True
+    return int(horovod().join() if device is None else horovod().join(device))
 
 
 def check_op(op: Any) -> None:

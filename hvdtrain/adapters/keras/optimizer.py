@@ -1,5 +1,5 @@
 """``DistributedOptimizer``: any Keras 3 optimizer, its gradients averaged across
-workers with one grouped allreduce per update (and ``make_distributed`` for the
+workers with one collective per update (and ``make_distributed`` for the
 optimizer of a loaded model)."""
 
 from __future__ import annotations
@@ -50,11 +50,11 @@ def DistributedOptimizer(
 ) -> keras.optimizers.Optimizer:
     """A copy of ``optimizer`` (same class and configuration) that averages gradients.
 
-    Every update allreduces the gradients across workers in one grouped allreduce,
-    then clips and applies them as the original would. An averaged gradient holding
-    NaN or Inf stops training on every rank with an error naming the optimizer step.
-    Use it in ``model.compile`` with ``jit_compile=False`` (Horovod's ops have no XLA
-    kernels here).
+    Every update averages the gradients across workers in one collective (one flat
+    buffer on TensorFlow's CPU, else one grouped allreduce), then clips and applies
+    them as the original would. An averaged gradient holding NaN or Inf stops training
+    on every rank with an error naming the optimizer step. Use it in ``model.compile``
+    with ``jit_compile=False`` (Horovod's ops have no XLA kernels here).
 
     Args:
         optimizer: any Keras 3 optimizer, not yet used (wrap before ``fit``; to
@@ -79,7 +79,7 @@ def DistributedOptimizer(
             workers (hvdtrain's way, what ``LinearScalingWarmup``'s k counts); False
             (Horovod's default): their sum.
         num_groups, groups: accepted; the gradients of an update always go through one
-            grouped allreduce here.
+            collective here.
         process_set: average over this Horovod process set's ranks only (its ranks
             must all call it); None: every rank.
         scale_local_gradients: accepted; variables made worker-local with

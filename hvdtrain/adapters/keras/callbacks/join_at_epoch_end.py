@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from hvdtrain import horovod_patches
 from hvdtrain.adapters.keras import collectives
 from hvdtrain.adapters.keras.optimizer import gradient_compression
 
@@ -37,8 +38,15 @@ class JoinAtEpochEnd(keras.callbacks.Callback):
     """
 
     def on_train_begin(self, logs=None) -> None:
-        """Refuse what cannot work with a joined worker."""
+        """Refuse what cannot work with a joined worker, or on this Horovod."""
         collectives.require_initialized("JoinAtEpochEnd")
+        if (keras.backend.backend() == "tensorflow"
+                and not horovod_patches.has_patch(horovod_patches.STATEFUL_JOIN)):
+            raise RuntimeError(horovod_patches.missing_patch_message(
+                "JoinAtEpochEnd on Keras's TensorFlow backend", horovod_patches.STATEFUL_JOIN,
+                "without it TensorFlow runs a rank's join only once per process, so the "
+                "second epoch's join would return at once and the job would hang; train on "
+                "shares of equal length instead, or use the torch backend"))
         if gradient_compression(self.model.optimizer) == "bf16":
             raise ValueError("JoinAtEpochEnd cannot be used with compression='bf16' (an "
                              "allgather, which Horovod's join does not support); use None or "
@@ -58,7 +66,7 @@ def join_and_align(model: keras.Model) -> None:
     sends zeros to the others' allreduces), then give every worker the weights and
     optimizer state of the one whose optimizer took the most steps (no broadcast when they
     all took as many). Horovod's join is global: every rank of the job must call it."""
-    collectives.horovod().join()
+    collectives.join()
     optimizer = model.optimizer
     steps = collectives.gather_objects(int(ops.convert_to_numpy(optimizer.iterations)),
                                        "hvdtrain.join.steps")
