@@ -6,7 +6,7 @@ PYTHON := $(VENV)/bin/python
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: setup demo test lint doctor bench stock-horovod
+.PHONY: setup demo test lint doctor bench stock-horovod docs
 
 setup:
 	bash scripts/setup.sh
@@ -34,3 +34,8 @@ bench: setup
 stock-horovod: setup
 	PYTHON=$(PYTHON) HVDTRAIN_HOROVOD_FRAMEWORKS="pytorch tensorflow" \
 		bash scripts/build-horovod.sh --stock --cached
+
+# The API reference, generated from the docstrings into docs/api/ (open
+# docs/api/index.html); tests/test_docs.py builds it and checks every cross-reference.
+docs: setup
+	KERAS_BACKEND=tensorflow $(PYTHON) -m pdoc --docformat google hvdtrain '!hvdtrain\._.*' --output-directory docs/api

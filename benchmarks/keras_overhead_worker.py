@@ -27,7 +27,7 @@ from common import rotated
 from keras_models import BATCH_PER_WORKER, loss, make_data, make_model
 
 import hvdtrain.adapters.keras as hvk
-from hvdtrain.adapters.keras import collectives, tally
+from hvdtrain.adapters.keras import reduction, tally
 
 WARMUP_STEPS = 3
 CHECK_CALLS = 200
@@ -48,7 +48,7 @@ class ReadCheckSGD(keras.optimizers.SGD):
     def apply(self, grads, trainable_variables=None):
         averaged = hvd.grouped_allreduce(list(grads), op=hvd.Average, name="read_check",
                                          ignore_name_scope=True)
-        averaged = collectives.require_finite(averaged, self.iterations)
+        averaged = reduction.require_finite(averaged, self.iterations)
         return super().apply(averaged, trainable_variables)
 
 
@@ -82,7 +82,7 @@ def check_seconds(model: keras.Model, rounds: int) -> dict[str, float | bool]:
         return tf.function(lambda g: tally.unpack(tally.pack(g, bound=check), shapes, step,
                                                   check=check, message="{step}")[0])
 
-    read = tf.function(lambda g: collectives.require_finite(g, step))
+    read = tf.function(lambda g: reduction.require_finite(g, step))
     passed = tf.function(lambda g: [tf.identity(t) for t in g])
     flat_buffer = tally.packs(grads)
     pairs = {"read_check_s": (read, passed),

@@ -24,11 +24,9 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
-
-_Result = TypeVar("_Result")
+from typing import BinaryIO
 
 
 @contextlib.contextmanager
@@ -77,36 +75,6 @@ def atomic_path(path: str | os.PathLike[str], *, keep_suffixes: bool = True) -> 
             os.unlink(temporary)
         raise
     _fsync_folder(folder)
-
-
-def on_rank0_for_all(action: Callable[[], _Result], what: str, *, rank: int,
-                     broadcast_object: Callable[[Any], Any]) -> _Result | None:
-    """Run ``action`` on rank 0 only and raise its failure on every rank.
-
-    Args:
-        action: what rank 0 does (write or read a file).
-        what: the action in words, for the error ("write checkpoint run/ckpt.pt").
-        rank: this process's rank.
-        broadcast_object: the framework's broadcast of a Python object from rank 0
-            (called once on every rank, so every rank must call this function).
-
-    Returns:
-        The action's result on rank 0, None elsewhere.
-
-    Raises:
-        RuntimeError: on every rank, naming ``what`` and rank 0's error, so that the
-            other ranks do not run on into a hang.
-    """
-    error, result = None, None
-    if rank == 0:
-        try:
-            result = action()
-        except Exception as failure:
-            error = f"{type(failure).__name__}: {failure}"
-    error = broadcast_object(error)
-    if error:
-        raise RuntimeError(f"rank 0 could not {what}: {error}")
-    return result
 
 
 def require_checkpoint_file(path: str | os.PathLike[str]) -> Path:

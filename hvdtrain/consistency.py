@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import importlib.metadata
 import platform
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import hvdtrain
-from hvdtrain.watchdog import watched_allgather
+from hvdtrain.collective import Collective, gather
 
 
 class RankDisagreementError(ValueError):
@@ -93,16 +93,15 @@ def raise_on_disagreement(facts_by_rank: Sequence[Mapping[str, Any]], where: str
         )
 
 
-def check_ranks_agree(allgather: Callable[[Any, str], list[Any]], facts: Mapping[str, Any],
-                      where: str, name: str = "hvdtrain.agreement") -> None:
+def check_ranks_agree(collective: Collective, facts: Mapping[str, Any], where: str,
+                      name: str = "hvdtrain.consistency") -> None:
     """Gather every rank's ``facts`` and raise :class:`RankDisagreementError` on every
     rank unless they all equal rank 0's.
 
     Args:
-        allgather: the adapter's object allgather, ``allgather(value, name) -> list``
-            (run under :func:`hvdtrain.watchdog.watched_allgather`).
+        collective: the adapter's workers (:mod:`hvdtrain.collective`).
         facts: this rank's settings, e.g. ``{"batch_size_per_worker": 32}``.
         where: the function or class checking, for the message.
         name: the collective's name, the same on every rank.
     """
-    raise_on_disagreement(watched_allgather(allgather, dict(facts), name), where)
+    raise_on_disagreement(gather(collective, dict(facts), name), where)

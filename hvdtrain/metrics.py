@@ -1,8 +1,9 @@
 """Metrics averaged over ranks, framework-free.
 
 Every adapter's metric averaging (``hvt.average_metrics``, ``hvk.MetricAverage``)
-gathers each rank's named numbers and calls :func:`average_by_key`, so that every
-rank logs, and acts on, the same values. When the ranks' shares differ in size (an
+goes through :func:`average_over_ranks`, which gathers each rank's named numbers and
+averages them with :func:`average_by_key`, so that every rank logs, and acts on, the
+same values. When the ranks' shares differ in size (an
 evaluation set that does not divide evenly), each rank's mean is weighted by the
 number of examples it covers, which makes the result the mean over all the examples.
 
@@ -16,6 +17,8 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+
+from hvdtrain.collective import Collective, gather
 
 
 def average_by_key(values_by_rank: Sequence[Mapping[str, float]],
@@ -66,3 +69,11 @@ def average_gathered(gathered: Sequence[tuple[Mapping[str, float],
     values = [numbers for numbers, _ in gathered]
     weights = [rank_weights for _, rank_weights in gathered]
     return average_by_key(values, None if weights[0] is None else weights)
+
+
+def average_over_ranks(collective: Collective, values: Mapping[str, float],
+                       weights: Mapping[str, float] | None = None) -> dict[str, float]:
+    """The mean of each named number over every rank of ``collective``, identical on
+    every rank, weighted by ``weights`` (each rank's examples per name) when given."""
+    mine = {key: float(value) for key, value in values.items()}
+    return average_gathered(gather(collective, (mine, weights), "hvdtrain.metrics"))

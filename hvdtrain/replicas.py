@@ -1,8 +1,10 @@
 """Replica checks, framework-free: checksums of named arrays and where ranks disagree.
 
 Every adapter's ``verify_replicas`` computes :func:`checksums` of its tensors (as
-NumPy arrays), gathers them from every rank with Horovod's ``allgather_object`` and
-calls :func:`raise_on_mismatch`, so the rule and the message are the same everywhere.
+NumPy arrays) and calls :func:`verify_checksums` with its
+:class:`~hvdtrain.collective.Collective`, which gathers them from every rank and
+raises :func:`raise_on_mismatch`'s error, so the rule and the message are the same
+everywhere.
 
 Example::
 
@@ -19,6 +21,8 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
+
+from hvdtrain.collective import Collective, gather
 
 Checksums = list[tuple[str, str]]
 
@@ -84,3 +88,10 @@ def raise_on_mismatch(by_rank: Sequence[Checksums],
             f"replicas differ: {problem}. Broadcast the initial state from rank 0 and look for "
             "rank-dependent code paths that touch the model or optimizer."
         )
+
+
+def verify_checksums(collective: Collective, mine: Checksums,
+                     labels: Mapping[str, str] | None = None) -> None:
+    """Gather every rank's ``mine`` and raise :class:`ReplicaMismatchError` on every rank
+    unless they all equal rank 0's (``labels``: names to show for checksum keys)."""
+    raise_on_mismatch(gather(collective, mine, "hvdtrain.replica_checksums"), labels)

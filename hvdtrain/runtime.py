@@ -121,18 +121,6 @@ def _first_set(names: tuple[str, ...]) -> int | None:
     return None
 
 
-def require_initialized(initialized: bool, what: str, init_call: str) -> None:
-    """Raise RuntimeError unless the adapter has been initialised.
-
-    Args:
-        initialized: whether the adapter's ``init()`` has run.
-        what: the function or class that needs it, for the message.
-        init_call: how the user calls init, e.g. ``"hvt.init()"``.
-    """
-    if not initialized:
-        raise RuntimeError(f"{what} needs the workers connected: call {init_call} first")
-
-
 def elastic_job(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether this process is a worker of a Horovod elastic job (``horovodrun`` with
     ``--min-np``/``--max-np`` or a host discovery script sets ``HOROVOD_ELASTIC=1``).

@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any, TextIO
+from typing import TextIO
 
 TIMEOUT_VARIABLE = "HVDTRAIN_COLLECTIVE_TIMEOUT_SECONDS"
 DEFAULT_TIMEOUT_SECONDS = 45.0
@@ -158,21 +158,3 @@ def guard(what: Description) -> AbstractContextManager[None]:
     """A context manager that counts its block as a wait for the other ranks (see the
     module docstring); does nothing when the watchdog is not running."""
     return _active.guard(what) if _active is not None else nullcontext()
-
-
-def watched_allgather(allgather: Callable[[Any, str], list[Any]], value: Any,
-                      name: str) -> list[Any]:
-    """Every rank's ``value``, gathered by ``allgather(value, name)`` (an allgather of
-    Python objects: Horovod's ``allgather_object`` or mpi4py's ``allgather``) while
-    :func:`guard` watches the wait.
-
-    Args:
-        allgather: the adapter's object allgather; ``name`` pairs it across ranks.
-        value: this rank's picklable value.
-        name: the collective's name, the same on every rank.
-
-    Returns:
-        The values of ranks 0, 1, ..., in rank order.
-    """
-    with guard(f"the allgather of {name}"):
-        return allgather(value, name)

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from hvdtrain.checkpoint import atomic_path, atomic_write, on_rank0_for_all, require_checkpoint_file
+from hvdtrain.checkpoint import atomic_path, atomic_write, require_checkpoint_file
 
 
 def test_writes_and_replaces(tmp_path):
@@ -76,22 +76,3 @@ def test_atomic_path_keeps_the_suffixes_and_replaces_only_on_success(tmp_path):
         temporary.write_bytes(b"new")
     assert target.read_bytes() == b"new"
     assert [p.name for p in tmp_path.iterdir()] == ["model.weights.h5"]
-
-
-def test_on_rank0_for_all_raises_rank_0s_failure_on_every_rank():
-    def broken() -> None:
-        raise OSError("disk full")
-
-    sent = []
-
-    def as_rank_0(value):
-        sent.append(value)
-        return value
-
-    with pytest.raises(RuntimeError, match="rank 0 could not write x: OSError: disk full"):
-        on_rank0_for_all(broken, "write x", rank=0, broadcast_object=as_rank_0)
-    with pytest.raises(RuntimeError, match="rank 0 could not write x: OSError: disk full"):
-        on_rank0_for_all(lambda: pytest.fail("only rank 0 acts"), "write x", rank=1,
-                         broadcast_object=lambda value: sent[0])
-    assert on_rank0_for_all(lambda: 7, "read x", rank=0, broadcast_object=lambda v: v) == 7
-    assert on_rank0_for_all(lambda: 7, "read x", rank=1, broadcast_object=lambda v: None) is None

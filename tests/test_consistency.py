@@ -4,7 +4,6 @@ import pytest
 
 from hvdtrain.consistency import (
     RankDisagreementError,
-    check_ranks_agree,
     first_disagreement,
     first_parameter_difference,
     raise_on_disagreement,
@@ -34,27 +33,6 @@ def test_versions_name_python_hvdtrain_and_absent_packages():
     versions = software_versions("numpy", "no-such-distribution")
     assert set(versions) == {"python", "hvdtrain", "numpy", "no-such-distribution"}
     assert versions["no-such-distribution"] == "absent"
-
-
-def fake_allgather(everyone):
-    """An allgather over pretend ranks, recording the collective's name."""
-    names = []
-
-    def allgather(value, name):
-        names.append(name)
-        return [value, *everyone]
-
-    return allgather, names
-
-
-def test_check_ranks_agree_gathers_under_the_given_name_and_raises_on_a_difference():
-    allgather, names = fake_allgather([{"lr": 0.1}])
-    check_ranks_agree(allgather, {"lr": 0.1}, "Here", name="hvdtrain.test")
-    assert names == ["hvdtrain.test"]
-    allgather, _ = fake_allgather([{"lr": 0.2}])
-    with pytest.raises(RankDisagreementError, match=r"Here: the ranks disagree: lr is 0\.1 on "
-                                                    r"rank 0 but 0\.2 on rank 1"):
-        check_ranks_agree(allgather, {"lr": 0.1}, "Here")
 
 
 MODEL = [("fc.weight", (4, 3), "float64"), ("fc.bias", (4,), "float64")]

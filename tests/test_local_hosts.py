@@ -25,6 +25,14 @@ def test_the_stand_in_runs_horovods_ssh_command_on_this_machine(tmp_path):
     assert (done.returncode, done.stdout) == (0, "ran on this machine\n"), done.stderr
 
 
+def _default_signals() -> None:
+    """A shell cannot trap a signal ignored when it started, and a test run started with
+    nohup, or in the background of a non-interactive shell, ignores SIGHUP or SIGINT: the
+    stand-in gets the dispositions a launcher's child normally has."""
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_ending_the_stand_in_ends_its_command_as_sshd_ends_a_session(tmp_path, sig):
     """What Horovod's launcher does to stop a worker: it terminates the ssh process.
@@ -35,7 +43,7 @@ def test_ending_the_stand_in_ends_its_command_as_sshd_ends_a_session(tmp_path, s
                f"sh -c 'trap \"\" TERM; echo $$ >> {pids}; while :; do sleep 1; done' & "
                "wait")
     stand_in = subprocess.Popen(["ssh", "-o", "StrictHostKeyChecking=no", "host-a", command],
-                                env=hosts.environment())
+                                env=hosts.environment(), preexec_fn=_default_signals)
     deadline = time.monotonic() + 10
     while (not pids.exists() or len(pids.read_text().split()) < 2) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from hvdtrain import elastic, horovod_patches, runtime, schedule, slurm
+from hvdtrain import collective, elastic, horovod_patches, runtime, schedule, slurm
 
 
 def test_core_modules_import_without_any_framework():
@@ -27,6 +27,7 @@ def test_core_modules_import_without_any_framework():
         import hvdtrain.validation, hvdtrain.metrics, hvdtrain.nonfinite, hvdtrain.trees
         import hvdtrain.launch, hvdtrain.cli, hvdtrain.doctor
         import hvdtrain.elastic, hvdtrain.slurm, hvdtrain.local_hosts, hvdtrain.horovod_patches
+        import hvdtrain.collective
         assert hvdtrain.cli.main(["schedule", "--base-lr", "0.1", "--batch-size-per-worker",
                                   "32", "--workers", "16", "--steps-per-epoch", "5",
                                   "--epochs", "6"]) == 0
@@ -50,7 +51,8 @@ def test_the_torch_adapter_says_what_is_missing_before_init():
     assert "call hvt.init() first" in done.stdout, done.stderr
 
 
-@pytest.mark.parametrize("module", [schedule, elastic, slurm, horovod_patches, runtime])
+@pytest.mark.parametrize("module", [schedule, elastic, slurm, horovod_patches, runtime,
+                                    collective])
 def test_the_examples_in_the_core_docstrings_hold(module):
     results = doctest.testmod(module)
     assert results.attempted > 0 and results.failed == 0

@@ -25,13 +25,6 @@ def test_launcher_rank_and_size_come_from_whichever_launcher_set_them(monkeypatc
     assert runtime.under_launcher() == (rank is not None)
 
 
-def test_require_initialized_names_the_caller_and_the_init_to_call():
-    runtime.require_initialized(True, "anything", "hvt.init()")
-    with pytest.raises(RuntimeError, match=r"^verify_replicas needs the workers connected: "
-                                           r"call hvn.init\(\) first$"):
-        runtime.require_initialized(False, "verify_replicas", "hvn.init()")
-
-
 def test_missing_defaults_leave_what_the_user_set(monkeypatch):
     environ = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "99"}
     missing = runtime.missing_defaults(environ)
@@ -43,7 +36,11 @@ def test_missing_defaults_leave_what_the_user_set(monkeypatch):
 def test_elastic_jobs_get_a_short_gloo_timeout_unless_the_user_set_one(monkeypatch, elastic):
     for name in {**runtime.RUNTIME_DEFAULTS, **runtime.IDLE_WAIT_DEFAULTS,
                  **runtime.CPU_ONLY_DEFAULTS, **runtime.ELASTIC_DEFAULTS}:
-        monkeypatch.delenv(name, raising=False)
+        # setenv first, so that monkeypatch restores the variable's absence afterwards
+        # (a bare delenv of an absent variable records nothing, and what
+        # apply_runtime_defaults sets would leak into every later launch of the session).
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     if elastic:
         monkeypatch.setenv("HOROVOD_ELASTIC", "1")
     else:

@@ -25,7 +25,7 @@ from harness import Run, launch, max_difference
 from workers.keras_common import reference_fit
 from workers.torch_common import JOIN_STEPS, reference_run, uneven_reference_run
 
-from hvdtrain import horovod_patches
+from hvdtrain import horovod_patches, runtime
 from hvdtrain.launch import CONTROLLERS
 
 REPO = Path(__file__).parents[1]
@@ -63,8 +63,15 @@ def stock_env(tmp_path_factory) -> dict[str, str]:
 
 def _run(tmp_path_factory, env, script, controller, scenarios, **extra) -> Run:
     out_dir = tmp_path_factory.mktemp(f"stock-{script}-{controller}")
-    result = launch(script, str(out_dir), controller=controller,
-                    env={**env, "HVDTRAIN_TEST_SCENARIOS": ",".join(scenarios), **extra})
+    # The ranks inherit this process's environment: what init() would choose must not
+    # already be there (another test may have applied hvdtrain's defaults in-process).
+    chosen = {**runtime.IDLE_WAIT_DEFAULTS, **runtime.CPU_ONLY_DEFAULTS}
+    saved = {name: os.environ.pop(name) for name in chosen if name in os.environ}
+    try:
+        result = launch(script, str(out_dir), controller=controller,
+                        env={**env, "HVDTRAIN_TEST_SCENARIOS": ",".join(scenarios), **extra})
+    finally:
+        os.environ.update(saved)
     return Run(result, out_dir)
 
 

@@ -73,18 +73,3 @@ def test_a_malformed_limit_says_what_to_set(monkeypatch, text):
 def test_a_non_positive_limit_is_refused():
     with pytest.raises(ValueError, match="timeout_s must be > 0"):
         Watchdog(0, 2, 0)
-
-
-def test_watched_allgather_passes_the_name_and_is_watched(tmp_path, monkeypatch):
-    dog, _, _ = _expiring_watchdog(tmp_path, 0.2)
-    monkeypatch.setattr(watchdog, "_active", dog)
-    seen = []
-
-    def allgather(value, name):
-        seen.append((value, name, dog.oldest_wait()[0]))
-        return [value, value]
-
-    assert watchdog.watched_allgather(allgather, 3, "hvdtrain.test") == [3, 3]
-    assert seen == [(3, "hvdtrain.test", "the allgather of hvdtrain.test")]
-    assert dog.oldest_wait() is None
-    dog.stop()

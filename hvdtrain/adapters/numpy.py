@@ -32,10 +32,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hvdtrain import runtime, watchdog
+from hvdtrain.collective import require_initialized
 from hvdtrain.consistency import check_ranks_agree, software_versions
 from hvdtrain.nonfinite import PLAIN_REMEDY, NonFiniteGradientError, nonfinite_gradient_message
-from hvdtrain.replicas import ReplicaMismatchError, checksums, raise_on_mismatch
-from hvdtrain.runtime import announce_single_worker, launcher_size, require_initialized
+from hvdtrain.replicas import ReplicaMismatchError, checksums, verify_checksums
+from hvdtrain.runtime import announce_single_worker, launcher_size
 from hvdtrain.schedule import (
     DEFAULT_BASE_BATCH_SIZE,
     DEFAULT_GAMMA,
@@ -93,8 +94,33 @@ def _mpi():
     return MPI
 
 
+class _MpiCollective:
+    """The communicator given to :func:`init` as a :class:`hvdtrain.collective.Collective`
+    (mpi4py's pickled ``allgather`` and ``bcast``)."""
+
+    init_call = "hvn.init()"
+
+    def is_initialized(self) -> bool:
+        return _communicator is not None
+
+    def rank(self) -> int:
+        return _comm().Get_rank()
+
+    def size(self) -> int:
+        return _comm().Get_size()
+
+    def allgather_object(self, value: Any, name: str) -> list[Any]:
+        return _comm().allgather(value)
+
+    def broadcast_object(self, value: Any, root_rank: int, name: str) -> Any:
+        return _comm().bcast(value, root=root_rank)
+
+
+_COLLECTIVE = _MpiCollective()
+
+
 def _comm() -> MPI.Comm:
-    require_initialized(_communicator is not None, "hvdtrain.adapters.numpy", "hvn.init()")
+    require_initialized(_COLLECTIVE, "hvdtrain.adapters.numpy")
     return _communicator
 
 
@@ -106,11 +132,6 @@ def rank() -> int:
 def size() -> int:
     """The number of workers in the communicator given to :func:`init`."""
     return _comm().Get_size()
-
-
-def _allgather(value: Any, what: str) -> list[Any]:
-    """Every rank's ``value`` (mpi4py's pickled allgather; ``what`` describes it)."""
-    return _comm().allgather(value)
 
 
 def _contiguous(array: Any, what: str) -> np.ndarray:
@@ -129,7 +150,7 @@ def allreduce_mean(array: Any) -> np.ndarray:
     rank must pass the same shape and dtype (a mismatch raises ValueError on every rank).
     """
     data = _contiguous(array, "allreduce_mean")
-    check_ranks_agree(_allgather, {"array shape": data.shape, "array dtype": data.dtype.str},
+    check_ranks_agree(_COLLECTIVE, {"array shape": data.shape, "array dtype": data.dtype.str},
                       "allreduce_mean", name="allreduce_mean's shapes and dtypes")
     if not np.issubdtype(data.dtype, np.floating):
         data = data.astype(np.int64)
@@ -194,7 +215,7 @@ class DistributedSGD:
         self.steps_taken = 0
         facts = {f"params[{i}] (shape, dtype)": (p.shape, p.dtype.str)
                  for i, p in enumerate(self.params)}
-        check_ranks_agree(_allgather, {**facts, "number of parameters": len(self.params),
+        check_ranks_agree(_COLLECTIVE, {**facts, "number of parameters": len(self.params),
                                        "lr": self.lr, "momentum": self.momentum,
                                        **software_versions("numpy", "mpi4py")},
                           "DistributedSGD", name="DistributedSGD's settings")
@@ -272,7 +293,7 @@ class LinearScalingWarmup:
             warmup_epochs=warmup_epochs, milestones=tuple(milestones), gamma=gamma,
             backward_passes_per_step=backward_passes_per_step,
         )
-        check_ranks_agree(_allgather, dataclasses.asdict(self.schedule), "LinearScalingWarmup",
+        check_ranks_agree(_COLLECTIVE, dataclasses.asdict(self.schedule), "LinearScalingWarmup",
                           name="LinearScalingWarmup's settings")
         self.steps_taken = 0
         optimizer.lr = self.schedule.lr_at(0)
@@ -296,4 +317,4 @@ def verify_replicas(arrays: Sequence[np.ndarray]) -> None:
     """Raise ReplicaMismatchError on every rank unless every rank's arrays are bit-identical."""
     require_instance("arrays", arrays, list | tuple, "a list or tuple of NumPy arrays")
     mine = checksums((f"array[{i}]", np.asarray(a)) for i, a in enumerate(arrays))
-    raise_on_mismatch(watchdog.watched_allgather(_allgather, mine, "the replica checksums"))
+    verify_checksums(_COLLECTIVE, mine)

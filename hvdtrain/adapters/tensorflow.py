@@ -62,6 +62,7 @@ from horovod.tensorflow import (
 from hvdtrain.adapters.keras import (
     Average,
     Sum,
+    backend,
     collectives,
     init,
     is_initialized,
@@ -69,11 +70,13 @@ from hvdtrain.adapters.keras import (
     local_rank,
     local_size,
     rank,
+    reduction,
     save_model,
     shutdown,
     size,
 )
 from hvdtrain.adapters.keras.optimizer import accumulate_across_workers
+from hvdtrain.collective import require_initialized
 from hvdtrain.nonfinite import TAPE_REMEDY
 from hvdtrain.replicas import ReplicaMismatchError
 from hvdtrain.schedule import (
@@ -146,7 +149,7 @@ class DistributedGradientTape:
                  optimizer: keras.optimizers.Optimizer | None = None,
                  backward_passes_per_step: int = 1) -> None:
         require_compression(compression)
-        collectives.check_op(op)
+        reduction.check_op(op)
         require_instance("tape", tape, tf.GradientTape, "a tf.GradientTape")
         require_positive_int("backward_passes_per_step", backward_passes_per_step)
         if backward_passes_per_step > 1 and optimizer is None:
@@ -168,7 +171,7 @@ class DistributedGradientTape:
         """``tape.gradient(...)``, with every gradient averaged over all workers (with
         ``backward_passes_per_step`` > 1: this worker's own, dense, for the optimizer to
         accumulate and average)."""
-        collectives.require_initialized("DistributedGradientTape.gradient")
+        require_initialized(backend.collective(), "DistributedGradientTape.gradient")
         grads = self.tape.gradient(target, sources, output_gradients, unconnected_gradients)
         flat = tf.nest.flatten(grads)
         if self.backward_passes_per_step > 1:
@@ -176,11 +179,11 @@ class DistributedGradientTape:
                 self.optimizer, self.backward_passes_per_step, compression=self.compression,
                 op=self.op, check_nonfinite=self.check_nonfinite)
             return tf.nest.pack_sequence_as(
-                grads, [None if g is None else collectives.dense(g) for g in flat])
+                grads, [None if g is None else reduction.dense(g) for g in flat])
         step = None
         if self.check_nonfinite:
             step = self.optimizer.iterations if self.optimizer is not None else "(unknown)"
-        averaged = collectives.average_gradients(flat, self.compression, self.op,
+        averaged = reduction.average_gradients(flat, self.compression, self.op,
                                                  check_step=step, remedy=TAPE_REMEDY)
         return tf.nest.pack_sequence_as(grads, averaged)
 
@@ -191,13 +194,13 @@ def broadcast_variables(variables: Iterable[Any], root_rank: int = 0) -> None:
     Call it once after building the model (and the optimizer, e.g. with
     ``optimizer.build(model.trainable_variables)``) and before the first step.
     """
-    collectives.require_initialized("broadcast_variables")
+    require_initialized(backend.collective(), "broadcast_variables")
     collectives.broadcast_variables(list(variables), root_rank)
 
 
 def verify_replicas(variables: Sequence[Any]) -> None:
     """Raise ReplicaMismatchError on every rank unless all ranks' variables are bit-identical."""
-    collectives.require_initialized("verify_replicas")
+    require_initialized(backend.collective(), "verify_replicas")
     collectives.verify_variables([(getattr(v, "path", None) or v.name, v) for v in variables])
 
 
@@ -232,9 +235,10 @@ class LinearScalingWarmup(keras.optimizers.schedules.LearningRateSchedule):
         world_size: int | None = None,
     ) -> None:
         if world_size is None:
-            collectives.require_initialized("LinearScalingWarmup (world_size=None means size())")
+            require_initialized(backend.collective(),
+                                "LinearScalingWarmup (world_size=None means size())")
             world_size = size()
-        elif collectives.horovod().is_initialized():  # not when deserialised for evaluation
+        elif backend.horovod().is_initialized():  # not when deserialised for evaluation
             require_same_world_size(world_size, size(), "hvtf.size()")
         self.schedule = LinearScalingSchedule(
             base_lr=base_lr, batch_size_per_worker=batch_size_per_worker, world_size=world_size,

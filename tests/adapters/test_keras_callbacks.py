@@ -1,5 +1,5 @@
 """The callbacks (hvdtrain/adapters/keras/callbacks/) and verify_replicas
-(hvdtrain/adapters/keras/state.py) on 2 real ranks (Gloo and MPI).
+(hvdtrain/adapters/keras/replicas.py) on 2 real ranks (Gloo and MPI).
 
 The launches, shared by tests/adapters/test_keras_*.py: conftest.py's ``keras_run`` and
 ``keras_torch_run``.

@@ -14,13 +14,15 @@ module per concern:
 - :mod:`.callbacks`: :class:`BroadcastInitialState`, :class:`LinearScalingWarmup`,
   :class:`MetricAverage`, :class:`ReplicaCheck`, :class:`CollectiveWatchdog`,
   :class:`ModelCheckpoint`, :class:`JoinAtEpochEnd` (shares of different sizes).
-- :mod:`.state`: :func:`verify_replicas`.
+- :mod:`.replicas`: :func:`verify_replicas`.
 - :mod:`.sync_batch_normalization`: :class:`SyncBatchNormalization` (batch statistics
   of the global batch).
 - :mod:`.elastic`: elastic training with ``fit`` (workers leave and join).
-- :mod:`.collectives`: the collectives on Keras tensors that all of these use (shared
-  with :mod:`hvdtrain.adapters.tensorflow`); :mod:`._internals`: the private Keras
-  APIs relied on, with the Keras version they were checked against.
+- shared with :mod:`hvdtrain.adapters.tensorflow`: :mod:`.backend` (the Horovod of
+  Keras's backend, and its workers as the core's Collective), :mod:`.reduction`
+  (gradient averaging and its finite checks), :mod:`.collectives` (variables:
+  broadcast, replica checks, ``join``); :mod:`._internals`: the private Keras APIs
+  relied on, with the Keras version they were checked against.
 
 Example (``horovodrun -np 2 python train.py``)::
 
@@ -52,7 +54,7 @@ ReduceLROnPlateau, ModelCheckpoint), so that every rank acts on the same values.
 
 from __future__ import annotations
 
-from hvdtrain.adapters.keras import callbacks, collectives, elastic
+from hvdtrain.adapters.keras import backend, callbacks, collectives, elastic
 from hvdtrain.adapters.keras.callbacks import (
     BroadcastInitialState,
     CollectiveWatchdog,
@@ -64,7 +66,7 @@ from hvdtrain.adapters.keras.callbacks import (
 )
 from hvdtrain.adapters.keras.checkpoint import load_model, save_model
 from hvdtrain.adapters.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer
-from hvdtrain.adapters.keras.state import verify_replicas
+from hvdtrain.adapters.keras.replicas import verify_replicas
 from hvdtrain.adapters.keras.sync_batch_normalization import SyncBatchNormalization
 from hvdtrain.consistency import RankDisagreementError
 from hvdtrain.replicas import ReplicaMismatchError
@@ -85,7 +87,7 @@ __all__ = [
 ]
 
 # Horovod's basics, from the Horovod module that matches Keras's backend.
-_hvd = collectives.horovod()
+_hvd = backend.horovod()
 shutdown = _hvd.shutdown
 is_initialized = _hvd.is_initialized
 rank = _hvd.rank
@@ -124,4 +126,4 @@ start_timeline, stop_timeline = _hvd.start_timeline, _hvd.stop_timeline
 def init(comm=None, process_sets=None) -> None:
     """Horovod's ``init`` (of the Horovod matching Keras's backend) with hvdtrain's runtime
     defaults (see :mod:`hvdtrain.runtime`); ``comm`` may be an mpi4py communicator."""
-    init_horovod(_hvd, comm, process_sets, accelerator=collectives.accelerator_visible())
+    init_horovod(_hvd, comm, process_sets, accelerator=backend.accelerator_visible())

@@ -12,21 +12,18 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import keras
 
-from hvdtrain.adapters.keras import collectives
+from hvdtrain.adapters.keras import backend
 from hvdtrain.adapters.keras.optimizer import make_distributed
-from hvdtrain.checkpoint import atomic_path, on_rank0_for_all, require_checkpoint_file
+from hvdtrain.checkpoint import atomic_path, require_checkpoint_file
+from hvdtrain.collective import on_rank0_for_all, require_initialized
 from hvdtrain.validation import require_instance
 
-__all__ = ["load_model", "on_rank0_for_all_ranks", "save_model", "write_model"]
-
-_Result = TypeVar("_Result")
-
+__all__ = ["load_model", "save_model", "write_model"]
 
 def save_model(model: keras.Model, path: str | os.PathLike[str], *,
                weights_only: bool = False) -> None:
@@ -43,9 +40,10 @@ def save_model(model: keras.Model, path: str | os.PathLike[str], *,
         RuntimeError: on every rank, when rank 0 could not write the file.
     """
     require_instance("model", model, keras.Model, "a keras.Model")
-    on_rank0_for_all_ranks(lambda: write_model(model, path, weights_only=weights_only),
-                           f"write checkpoint {os.fspath(path)}",
-                           "hvdtrain.keras_checkpoint.saved")
+    require_initialized(backend.collective(), "save_model")
+    on_rank0_for_all(backend.collective(),
+                     lambda: write_model(model, path, weights_only=weights_only),
+                     f"write checkpoint {os.fspath(path)}", "hvdtrain.keras_checkpoint.saved")
 
 
 def write_model(model: keras.Model, path: str | os.PathLike[str], *,
@@ -83,11 +81,12 @@ def load_model(path: str | os.PathLike[str], custom_optimizers: list[type] | Non
                       **{cls.__name__: cls for cls in custom_optimizers or ()}}
     if custom_objects:
         load_kwargs["custom_objects"] = custom_objects
-    hvd = collectives.horovod()
+    hvd = backend.horovod()
     if hvd.is_initialized() and hvd.size() > 1:
-        data = on_rank0_for_all_ranks(lambda: require_checkpoint_file(path).read_bytes(),
-                                      f"read checkpoint {os.fspath(path)}",
-                                      "hvdtrain.keras_checkpoint.checked")
+        data = on_rank0_for_all(backend.collective(),
+                                lambda: require_checkpoint_file(path).read_bytes(),
+                                f"read checkpoint {os.fspath(path)}",
+                                "hvdtrain.keras_checkpoint.checked")
         data = hvd.broadcast_object(data, root_rank=0, name="hvdtrain.keras_checkpoint.bytes")
         with tempfile.TemporaryDirectory(prefix="hvdtrain-load-") as folder:
             copy = Path(folder) / Path(path).name
@@ -100,14 +99,3 @@ def load_model(path: str | os.PathLike[str], custom_optimizers: list[type] | Non
         make_distributed(optimizer, compression=compression, op=op,
                          skip_nonfinite=skip_nonfinite, check_nonfinite=check_nonfinite)
     return model
-
-
-def on_rank0_for_all_ranks(action: Callable[[], _Result], what: str,
-                           name: str) -> _Result | None:
-    """:func:`hvdtrain.checkpoint.on_rank0_for_all` through Horovod's object broadcast
-    (``name`` pairs the broadcast across ranks)."""
-    collectives.require_initialized("a Keras checkpoint")
-    hvd = collectives.horovod()
-    return on_rank0_for_all(
-        action, what, rank=hvd.rank(),
-        broadcast_object=lambda value: hvd.broadcast_object(value, root_rank=0, name=name))

@@ -4,26 +4,27 @@ optimizer of a loaded model)."""
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from typing import Any
 
 import keras
-from keras import ops
 from keras.optimizers import LossScaleOptimizer
 
-from hvdtrain.adapters.keras import _internals, collectives
-from hvdtrain.nonfinite import SKIP_REMEDY, TAPE_REMEDY
+from hvdtrain.adapters.keras import _internals
+from hvdtrain.adapters.keras.distributed_classes import (
+    NO_LOSS_SCALED_ACCUMULATION,
+    checked_reduction,
+    distributed_class,
+    distributed_loss_scale,
+    is_distributed,
+    loss_scale_class,
+    on_nonfinite,
+    reduction_of,
+)
+from hvdtrain.nonfinite import TAPE_REMEDY
 from hvdtrain.validation import (
-    require_compression,
     require_instance,
     require_positive_int,
-    require_positive_number,
 )
-
-_NO_LOSS_SCALED_ACCUMULATION = ("backward_passes_per_step > 1 is not supported with loss "
-                                "scaling (mixed_float16); accumulate in float32, or use "
-                                "mixed_bfloat16")
 
 __all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "accumulate_across_workers",
            "gradient_compression", "make_distributed", "require_agreeing_loss_scaling"]
@@ -111,7 +112,7 @@ def DistributedOptimizer(
     """
     require_positive_int("backward_passes_per_step", backward_passes_per_step)
     summed = not average_aggregated_gradients
-    reduction = _reduction(compression, op, gradient_predivide_factor, process_set,
+    reduction = checked_reduction(compression, op, gradient_predivide_factor, process_set,
                            backward_passes_per_step if summed else 1)
     require_instance("optimizer", optimizer, keras.optimizers.Optimizer,
                      "a Keras 3 optimizer instance, e.g. keras.optimizers.SGD(0.1)")
@@ -119,7 +120,7 @@ def DistributedOptimizer(
         raise ValueError("the optimizer has already been used (built); wrap it before "
                          "compile/fit, or continue a saved model with hvk.load_model(path)")
     if isinstance(optimizer, LossScaleOptimizer) or _mixed_float16():
-        return _distributed_loss_scale(optimizer, reduction, backward_passes_per_step)
+        return distributed_loss_scale(optimizer, reduction, backward_passes_per_step)
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name
@@ -130,8 +131,8 @@ def DistributedOptimizer(
                 f"the optimizer already has gradient_accumulation_steps={configured}, which "
                 f"contradicts backward_passes_per_step={backward_passes_per_step}; give one")
         config["gradient_accumulation_steps"] = backward_passes_per_step
-    return _distributed_class(type(optimizer), reduction,
-                              _on_nonfinite(skip_nonfinite, check_nonfinite)).from_config(config)
+    return distributed_class(type(optimizer), reduction,
+                              on_nonfinite(skip_nonfinite, check_nonfinite)).from_config(config)
 
 
 def PartialDistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None = None,
@@ -172,12 +173,12 @@ def make_distributed(optimizer: keras.optimizers.Optimizer, *, compression: Any 
                      check_nonfinite: bool = True) -> None:
     """Make an optimizer that already holds state (a loaded model's) distributed, in
     place; the arguments are :func:`DistributedOptimizer`'s."""
-    reduction = _reduction(compression, op, 1.0, None, 1)
+    reduction = checked_reduction(compression, op, 1.0, None, 1)
     if isinstance(optimizer, LossScaleOptimizer):
-        optimizer.__class__ = _loss_scale_class(type(optimizer), reduction)
+        optimizer.__class__ = loss_scale_class(type(optimizer), reduction)
     else:
-        optimizer.__class__ = _distributed_class(
-            type(optimizer), reduction, _on_nonfinite(skip_nonfinite, check_nonfinite))
+        optimizer.__class__ = distributed_class(
+            type(optimizer), reduction, on_nonfinite(skip_nonfinite, check_nonfinite))
 
 
 def accumulate_across_workers(optimizer: keras.optimizers.Optimizer, passes: int, *,
@@ -207,7 +208,7 @@ def accumulate_across_workers(optimizer: keras.optimizers.Optimizer, passes: int
     require_instance("optimizer", optimizer, keras.optimizers.Optimizer,
                      "the Keras 3 optimizer that applies these gradients")
     if isinstance(optimizer, LossScaleOptimizer):
-        raise ValueError(_NO_LOSS_SCALED_ACCUMULATION)
+        raise ValueError(NO_LOSS_SCALED_ACCUMULATION)
     configured = optimizer.gradient_accumulation_steps or 1
     if configured != passes:
         raise ValueError(
@@ -216,11 +217,11 @@ def accumulate_across_workers(optimizer: keras.optimizers.Optimizer, passes: int
             f"e.g. keras.optimizers.SGD(0.1, gradient_accumulation_steps={passes}), or "
             f"hvk.DistributedOptimizer(opt, backward_passes_per_step={passes}) (Keras "
             "accumulates the micro-batches, hvdtrain averages them over the workers)")
-    reduction = _reduction(compression, op, 1.0, None, 1)
-    existing = _reduction_of(optimizer)
+    reduction = checked_reduction(compression, op, 1.0, None, 1)
+    existing = reduction_of(optimizer)
     if existing is None:
-        optimizer.__class__ = _distributed_class(
-            type(optimizer), reduction, _on_nonfinite(False, check_nonfinite), TAPE_REMEDY)
+        optimizer.__class__ = distributed_class(
+            type(optimizer), reduction, on_nonfinite(False, check_nonfinite), TAPE_REMEDY)
     elif (existing.compression, existing.op) != (reduction.compression, reduction.op):
         raise ValueError(
             f"the optimizer already reduces its gradients (compression="
@@ -228,58 +229,12 @@ def accumulate_across_workers(optimizer: keras.optimizers.Optimizer, passes: int
             f"compression={compression!r}, op={op!r}: give them to one of the two")
 
 
-def _on_nonfinite(skip_nonfinite: bool, check_nonfinite: bool) -> str:
-    """What a distributed class does with an averaged gradient holding NaN or Inf
-    (``_distributed_class``'s ``on_nonfinite``); skipping implies checking."""
-    if skip_nonfinite:
-        return "skip"
-    return "raise" if check_nonfinite else "ignore"
-
-
-@dataclasses.dataclass(frozen=True)
-class _Reduction:
-    """How an update's gradients are combined across workers (a cache key, so frozen)."""
-
-    compression: str | None
-    op: Any
-    prescale: float = 1.0
-    postscale: float = 1.0
-    process_set: Any = None
-
-    def apply(self, grads: list[Any], check_step: Any = None,
-              remedy: str = SKIP_REMEDY) -> list[Any]:
-        """``grads`` reduced (:func:`collectives.average_gradients`, which also takes
-        ``check_step`` and ``remedy``)."""
-        return collectives.average_gradients(
-            grads, self.compression, self.op, prescale=self.prescale,
-            postscale=self.postscale, process_set=self.process_set, check_step=check_step,
-            remedy=remedy)
-
-
-def _reduction(compression: Any, op: Any, predivide: float, process_set: Any,
-               summed_passes: int) -> _Reduction:
-    """The checked reduction for :func:`DistributedOptimizer`'s arguments."""
-    hvd = collectives.horovod()
-    if compression is hvd.Compression.none:
-        compression = None
-    elif compression is hvd.Compression.fp16:
-        compression = "fp16"
-    op = hvd.Average if op is None else op
-    require_compression(compression)
-    collectives.check_op(op)
-    require_positive_number("gradient_predivide_factor", predivide)
-    if predivide != 1.0 and op != hvd.Average:
-        raise ValueError("gradient_predivide_factor needs op=Average (it splits the "
-                         "average's division into a part before and one after the sum)")
-    return _Reduction(compression, op, 1.0 / predivide, predivide * summed_passes, process_set)
-
-
 def require_agreeing_loss_scaling(optimizer: keras.optimizers.Optimizer | None) -> None:
     """Raise ValueError if ``compile`` wrapped a distributed optimizer in Keras's own
     LossScaleOptimizer (the ``mixed_float16`` policy was set after
     :func:`DistributedOptimizer`): its ranks would decide on overflow each alone."""
-    if (isinstance(optimizer, LossScaleOptimizer) and not _is_distributed(optimizer)
-            and _is_distributed(optimizer.inner_optimizer)):
+    if (isinstance(optimizer, LossScaleOptimizer) and not is_distributed(optimizer)
+            and is_distributed(optimizer.inner_optimizer)):
         raise ValueError(
             "compile wrapped the distributed optimizer in Keras's LossScaleOptimizer, whose "
             "ranks would each decide alone whether their gradients overflowed (and fall out "
@@ -290,18 +245,8 @@ def require_agreeing_loss_scaling(optimizer: keras.optimizers.Optimizer | None) 
 def gradient_compression(optimizer: keras.optimizers.Optimizer | None) -> str | None:
     """The wire format of a distributed optimizer's gradients (None, "fp16" or "bf16");
     None for any other optimizer."""
-    reduction = _reduction_of(optimizer)
+    reduction = reduction_of(optimizer)
     return None if reduction is None else reduction.compression
-
-
-def _reduction_of(optimizer: keras.optimizers.Optimizer | None) -> _Reduction | None:
-    """How a distributed optimizer combines its gradients; None for any other."""
-    return getattr(type(optimizer), "_hvdtrain_reduction", None)
-
-
-def _is_distributed(optimizer: keras.optimizers.Optimizer) -> bool:
-    """Whether ``optimizer`` is one of this module's distributed classes."""
-    return _reduction_of(optimizer) is not None
 
 
 def _mixed_float16() -> bool:
@@ -309,117 +254,3 @@ def _mixed_float16() -> bool:
     return _internals.global_policy_name() == "mixed_float16"
 
 
-def _distributed_loss_scale(optimizer: keras.optimizers.Optimizer, reduction: _Reduction,
-                            backward_passes_per_step: int) -> LossScaleOptimizer:
-    """``optimizer`` (or a plain one inside a LossScaleOptimizer) with the loss scaling's
-    decision taken on the worker-averaged gradients."""
-    if backward_passes_per_step > 1:
-        raise ValueError(_NO_LOSS_SCALED_ACCUMULATION)
-    if not isinstance(optimizer, LossScaleOptimizer):
-        optimizer = LossScaleOptimizer(optimizer)
-    inner = optimizer.inner_optimizer
-    if isinstance(inner, LossScaleOptimizer) or _is_distributed(inner):
-        raise ValueError("the LossScaleOptimizer wraps an optimizer that is already "
-                         "distributed or scaled; give hvk.DistributedOptimizer the plain one")
-    return _loss_scale_class(type(optimizer), reduction).from_config(optimizer.get_config())
-
-
-@functools.cache
-def _loss_scale_class(base: type, reduction: _Reduction) -> type:
-    """A LossScaleOptimizer subclass that averages the scaled gradients before its
-    finite check (Keras calls ``apply`` once per update, before anything else)."""
-
-    class DistributedLossScale(base):
-        _hvdtrain_reduction = reduction
-
-        def apply(self, grads, trainable_variables=None):
-            return super().apply(reduction.apply(list(grads)), trainable_variables)
-
-    _name_like(DistributedLossScale, base)
-    return DistributedLossScale
-
-
-def _name_like(cls: type, base: type) -> None:
-    """Name ``cls`` as ``base``: saved models name the wrapped class and load without
-    hvdtrain."""
-    cls.__name__ = cls.__qualname__ = base.__name__
-    cls.__module__ = base.__module__
-    cls.__doc__ = f"{base.__name__} with gradients averaged over Horovod workers."
-
-
-@functools.cache
-def _distributed_class(base: type, reduction: _Reduction, on_nonfinite: str,
-                       remedy: str = SKIP_REMEDY) -> type:
-    """A subclass of ``base`` that averages gradients just before clipping and the update.
-
-    Keras 3 calls ``_clip_gradients`` once per optimizer update, with the final
-    gradients (:mod:`hvdtrain.adapters.keras._internals`), so the allreduce runs once
-    per update and clipping sees the worker-averaged gradient. An averaged gradient
-    holding NaN or Inf: ``on_nonfinite="raise"`` stops training on every rank;
-    ``"skip"`` runs the weight decay and the update only when it is finite on every
-    rank, counting skipped updates in ``skipped_steps``; ``"ignore"`` applies it.
-    ``remedy`` ends the error's message.
-    """
-    skip_nonfinite = on_nonfinite == "skip"
-
-    class Distributed(base):
-        def register_local_var(self, var: Any) -> None:
-            """Keep ``var`` worker-local (Horovod's): its gradient is not averaged but
-            divided by size() (Horovod's ``scale_local_gradients``)."""
-            self._hvdtrain_local = getattr(self, "_hvdtrain_local", frozenset()) | {id(var)}
-
-        def _backend_apply_gradients(self, grads, trainable_variables):
-            if getattr(self, "_hvdtrain_local", None):
-                # What _clip_gradients' grads are of, for telling the local ones apart.
-                # Set past Keras's attribute tracking, which would count the model's
-                # variables as the optimizer's (and saved optimizer state would no
-                # longer load).
-                object.__setattr__(self, "_hvdtrain_variables", list(trainable_variables))
-            return super()._backend_apply_gradients(grads, trainable_variables)
-
-        def _clip_gradients(self, grads):
-            averaged = self._reduce(grads, self.iterations if on_nonfinite == "raise" else None)
-            if skip_nonfinite:
-                self._hvdtrain_update = collectives.finite_on_every_rank(averaged)
-            return super()._clip_gradients(averaged)
-
-        def _reduce(self, grads, check_step):
-            local = getattr(self, "_hvdtrain_local", None)
-            if not local:
-                return reduction.apply(grads, check_step, remedy)
-            is_local = [id(v) in local for v in self._hvdtrain_variables]
-            shared = reduction.apply([None if mine else g
-                                      for g, mine in zip(grads, is_local, strict=True)])
-            size = collectives.horovod().size()
-            reduced = [g / size if mine and g is not None else averaged
-                       for g, averaged, mine in zip(grads, shared, is_local, strict=True)]
-            if check_step is None:
-                return reduced
-            return collectives.require_finite(reduced, check_step, remedy)
-
-        def _apply_weight_decay(self, variables):
-            parent = super()._apply_weight_decay
-            if not skip_nonfinite:
-                return parent(variables)
-            return ops.cond(self._hvdtrain_update, lambda: parent(variables), lambda: None)
-
-        def _backend_update_step(self, grads, trainable_variables, learning_rate):
-            parent = super()._backend_update_step
-            if not skip_nonfinite:
-                return parent(grads, trainable_variables, learning_rate)
-
-            def skip():
-                self.skipped_steps.assign_add(1)
-
-            return ops.cond(self._hvdtrain_update,
-                            lambda: parent(grads, trainable_variables, learning_rate), skip)
-
-        def build(self, variables):
-            super().build(variables)
-            if skip_nonfinite:
-                self.skipped_steps = self.add_variable((), dtype="int64", name="skipped_steps",
-                                                       initializer="zeros")
-
-    Distributed._hvdtrain_reduction = reduction
-    _name_like(Distributed, base)
-    return Distributed

@@ -8,7 +8,7 @@ from typing import Any
 import keras
 from keras import ops
 
-from hvdtrain.adapters.keras import collectives
+from hvdtrain.adapters.keras import backend, reduction
 
 __all__ = ["SyncBatchNormalization"]
 
@@ -44,7 +44,7 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         super().__init__(**kwargs)
 
     def _moments(self, inputs: Any, mask: Any) -> tuple[Any, Any]:
-        hvd = collectives.horovod()
+        hvd = backend.horovod()
         if not hvd.is_initialized() or hvd.size() == 1:
             return super()._moments(inputs, mask)
         axes = self._reduction_axes
@@ -54,12 +54,12 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
             weights = ops.cast(ops.broadcast_to(ops.expand_dims(mask, -1), ops.shape(inputs)),
                                inputs.dtype)
         name = f"hvdtrain.sync_batch_norm.{self.name}"
-        totals = collectives.sum_over_ranks(
+        totals = reduction.sum_over_ranks(
             ops.stack([ops.sum(inputs * weights, axes), ops.sum(weights, axes)]), name + ".sum")
         count = ops.maximum(totals[1], 1.0)
         mean = totals[0] / count
         deviation = (inputs - ops.reshape(mean, self._broadcast_shape(inputs))) * weights
-        variance = collectives.sum_over_ranks(ops.sum(ops.square(deviation), axes),
+        variance = reduction.sum_over_ranks(ops.sum(ops.square(deviation), axes),
                                               name + ".variance") / count
         return mean, variance
 

@@ -12,7 +12,7 @@ gradients to decide.
 The ops are built by ``setup.py`` when TensorFlow and a C++ compiler are there
 (``scripts/setup.sh`` insists); without them, on a GPU, and for other dtypes,
 compressions or backends,
-:func:`hvdtrain.adapters.keras.collectives.average_gradients` falls back to Horovod's
+:func:`hvdtrain.adapters.keras.reduction.average_gradients` falls back to Horovod's
 grouped allreduce and a separate check.
 """
 

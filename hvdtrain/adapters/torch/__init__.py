@@ -12,11 +12,11 @@ A Horovod user switches by changing one import: every public name of
   default sums them), offers "bf16" compression, names the rank and parameter when
   models differ, and stops (or skips, on every rank alike) non-finite steps;
   :mod:`.averaging` is how it averages and checks.
-- :mod:`.agreement`: the checks of the named parameters and, at construction, that
+- :mod:`.consistency`: the checks of the named parameters and, at construction, that
   the ranks' models and settings agree (:class:`ParameterMismatchError`).
 - :mod:`.scheduler`: :class:`LinearScalingWarmup`, Goyal et al.'s linear scaling rule
   and warmup (:mod:`hvdtrain.schedule`) as a torch ``LRScheduler``.
-- :mod:`.state`: :func:`broadcast_state`, :func:`verify_replicas`, :func:`state_fingerprint`.
+- :mod:`.replicas`: :func:`broadcast_state`, :func:`verify_replicas`, :func:`state_fingerprint`.
 - :mod:`.checkpoint`: :func:`save_checkpoint`, :func:`load_checkpoint`.
 - :mod:`.data`: :func:`distributed_sampler`, :func:`average_metrics`.
 - :mod:`.elastic` (``hvt.elastic``, in place of Horovod's module): ``run``,
@@ -119,17 +119,17 @@ from horovod.torch import (
 )
 
 from hvdtrain.adapters.torch import elastic
-from hvdtrain.adapters.torch.agreement import ParameterMismatchError
 from hvdtrain.adapters.torch.checkpoint import load_checkpoint, save_checkpoint
+from hvdtrain.adapters.torch.consistency import ParameterMismatchError
 from hvdtrain.adapters.torch.data import average_metrics, distributed_sampler
 from hvdtrain.adapters.torch.optimizer import DistributedOptimizer, NonFiniteGradientError
-from hvdtrain.adapters.torch.scheduler import LinearScalingWarmup
-from hvdtrain.adapters.torch.state import (
+from hvdtrain.adapters.torch.replicas import (
     ReplicaMismatchError,
     broadcast_state,
     state_fingerprint,
     verify_replicas,
 )
+from hvdtrain.adapters.torch.scheduler import LinearScalingWarmup
 from hvdtrain.consistency import RankDisagreementError
 from hvdtrain.runtime import init_horovod
 

@@ -1,38 +1,111 @@
-"""What every module of the torch adapter needs from Horovod: the init check and the
-watched object allgather (Horovod's ``allgather_object`` under :mod:`hvdtrain.watchdog`)."""
+"""What the torch adapter takes from Horovod: its workers as a
+:class:`hvdtrain.collective.Collective` (all of them, or one process set's), and every
+private Horovod API the adapter relies on, in one place.
+
+Checked against Horovod 0.28.1 (:data:`CHECKED_VERSION`, the version in
+constraints.txt); look here first when another Horovod breaks the adapter. On import,
+:func:`require_private_apis` checks that each name below exists, so a Horovod without
+one fails with a message naming it instead of an AttributeError mid-training.
+
+``horovod.torch.optimizer._DistributedOptimizer`` (:mod:`.averaging`), whose methods
+are spliced into a subclass of the user's optimizer class (``distributed_class``:
+Horovod's methods call ``super(self.__class__, self)``, so its class cannot simply be
+subclassed) and called explicitly:
+
+- ``__init__(self, params, named_parameters, compression, backward_passes_per_step,
+  op, gradient_predivide_factor, groups, sparse_as_dense, process_set)``;
+- ``step``, ``synchronize``;
+- ``_make_hook(p)``, ``_allreduce_grad_async(p)``, ``_grouped_allreduce_grad_async(ps)``:
+  the per-tensor path (``overlap=True``, ``groups``), wrapped to count contributors;
+- the attributes ``_requires_update``, ``_handles``, ``_allreduce_delay``,
+  ``_synchronized``, ``_should_synchronize``, ``_parameter_names``, ``_compression``.
+
+``horovod.torch.elastic.TorchState._handlers`` (:mod:`.elastic`: the scheduler gets a
+handler of its own) and ``horovod.common.elastic.run_fn`` (the elastic loop, which
+``hvt.elastic.run`` wraps with a bounded reset).
+"""
 
 from __future__ import annotations
 
-import functools
 import pickle
+import warnings
+from dataclasses import dataclass
 from typing import Any
 
+import horovod
 import horovod.torch as hvd
 import torch
+from horovod.common import elastic as _common_elastic
+from horovod.torch import elastic as _torch_elastic
+from horovod.torch.optimizer import _DistributedOptimizer as HorovodOptimizer
 
-from hvdtrain import runtime, watchdog
+from hvdtrain.collective import Collective, HorovodCollective
+
+CHECKED_VERSION = "0.28.1"
+PRIVATE_APIS: dict[str, tuple[object, tuple[str, ...]]] = {
+    "horovod.torch.optimizer._DistributedOptimizer": (
+        HorovodOptimizer,
+        ("__init__", "step", "synchronize", "_make_hook", "_allreduce_grad_async",
+         "_grouped_allreduce_grad_async")),
+    "horovod.common.elastic": (_common_elastic, ("run_fn",)),
+    "horovod.torch.elastic": (_torch_elastic, ("TorchState", "ElasticSampler")),
+}
+
+COLLECTIVE: Collective = HorovodCollective(hvd, "hvt.init()")
 
 
-def require_initialized(what: str) -> None:
-    """Raise RuntimeError naming ``what`` unless ``hvt.init()`` has run."""
-    runtime.require_initialized(hvd.is_initialized(), what, "hvt.init()")
+def require_private_apis() -> None:
+    """Raise ImportError naming what is missing unless the installed Horovod has every
+    private API listed above; warn once when its version is not the one checked."""
+    missing = [f"{owner}.{name}" for owner, (value, names) in PRIVATE_APIS.items()
+               for name in names if not hasattr(value, name)]
+    if missing:
+        raise ImportError(
+            f"hvdtrain's torch adapter relies on Horovod internals that Horovod "
+            f"{horovod.__version__} lacks: {', '.join(missing)}. Install Horovod "
+            f"{CHECKED_VERSION} (scripts/build-horovod.sh --install)")
+    if horovod.__version__ != CHECKED_VERSION:
+        warnings.warn(
+            f"hvdtrain's torch adapter was checked against Horovod {CHECKED_VERSION}'s "
+            f"internals (hvdtrain/adapters/torch/_horovod.py), not {horovod.__version__}'s",
+            stacklevel=2)
 
 
-def allgather_object(value: Any, name: str,
-                     process_set: hvd.ProcessSet = hvd.global_process_set) -> list[Any]:
-    """Every rank's ``value`` (of ``process_set``), in rank order (one Horovod
-    ``allgather_object``, watched)."""
-    gather = hvd.allgather_object if process_set == hvd.global_process_set else \
-        functools.partial(_allgather_object_in, process_set)
-    return watchdog.watched_allgather(gather, value, name)
+@dataclass(frozen=True)
+class ProcessSetCollective:
+    """The ranks of one Horovod process set as a :class:`~hvdtrain.collective.Collective`."""
+
+    process_set: hvd.ProcessSet
+    init_call: str = "hvt.init()"
+
+    def is_initialized(self) -> bool:
+        return bool(hvd.is_initialized())
+
+    def rank(self) -> int:
+        return int(self.process_set.rank())
+
+    def size(self) -> int:
+        return int(self.process_set.size())
+
+    def allgather_object(self, value: Any, name: str) -> list[Any]:
+        """Horovod's ``allgather_object`` has no ``process_set`` argument: the pickled
+        bytes and their lengths go by two allgathers."""
+        data = torch.frombuffer(bytearray(pickle.dumps(value)), dtype=torch.uint8)
+        lengths = hvd.allgather(torch.tensor([data.numel()]), name=f"{name}.lengths",
+                                process_set=self.process_set)
+        gathered = hvd.allgather(data, name=f"{name}.data", process_set=self.process_set)
+        return [pickle.loads(part.numpy().tobytes())
+                for part in torch.split(gathered, lengths.tolist())]
+
+    def broadcast_object(self, value: Any, root_rank: int, name: str) -> Any:
+        return hvd.broadcast_object(value, root_rank=root_rank, name=name,
+                                    process_set=self.process_set)
 
 
-def _allgather_object_in(process_set: hvd.ProcessSet, value: Any, name: str) -> list[Any]:
-    """Horovod's ``allgather_object`` within ``process_set`` (Horovod's own has no
-    ``process_set`` argument): the pickled bytes and their lengths, by two allgathers."""
-    data = torch.frombuffer(bytearray(pickle.dumps(value)), dtype=torch.uint8)
-    lengths = hvd.allgather(torch.tensor([data.numel()]), name=f"{name}.lengths",
-                            process_set=process_set)
-    gathered = hvd.allgather(data, name=f"{name}.data", process_set=process_set)
-    return [pickle.loads(part.numpy().tobytes())
-            for part in torch.split(gathered, lengths.tolist())]
+def collective_for(process_set: hvd.ProcessSet = hvd.global_process_set) -> Collective:
+    """The workers of ``process_set`` (all of them by default)."""
+    return COLLECTIVE if process_set == hvd.global_process_set else \
+        ProcessSetCollective(process_set)
+
+
+require_private_apis()

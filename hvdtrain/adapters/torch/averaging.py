@@ -13,11 +13,11 @@ import horovod.torch as _hvd
 import torch
 from horovod.torch import Average, Compression, ProcessSet, Sum
 
+from hvdtrain import watchdog
+
 # Horovod's optimizer class: its methods add the gradient hooks, fusion and
 # synchronize(); distributed_class builds on them.
-from horovod.torch.optimizer import _DistributedOptimizer as _HorovodOptimizer
-
-from hvdtrain import watchdog
+from hvdtrain.adapters.torch._horovod import HorovodOptimizer as _HorovodOptimizer
 from hvdtrain.adapters.torch.compression import HOROVOD_COMPRESSION, bf16_allreduce_async
 from hvdtrain.adapters.torch.tally import flat_with_tally, read_tally
 from hvdtrain.nonfinite import NonFiniteGradientError, nonfinite_gradient_message

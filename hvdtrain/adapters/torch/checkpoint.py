@@ -11,24 +11,23 @@ from __future__ import annotations
 
 import os
 import pickle
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import horovod.torch as _hvd
 import torch
 
-from hvdtrain.adapters.torch._horovod import require_initialized
+from hvdtrain.adapters.torch._horovod import COLLECTIVE
+from hvdtrain.adapters.torch.replicas import broadcast_state
 from hvdtrain.adapters.torch.scheduler import LinearScalingWarmup
-from hvdtrain.adapters.torch.state import broadcast_state
-from hvdtrain.checkpoint import atomic_write, on_rank0_for_all, require_checkpoint_file
+from hvdtrain.checkpoint import atomic_write, require_checkpoint_file
+from hvdtrain.collective import on_rank0_for_all, require_initialized
 from hvdtrain.trees import leaves
 
 __all__ = ["CHECKPOINT_FORMAT", "load_checkpoint", "save_checkpoint"]
 
 CHECKPOINT_FORMAT = "hvdtrain.torch/1"
 _SAVEABLE_LEAVES = (type(None), bool, int, float, str, torch.Tensor)
-_Result = TypeVar("_Result")
 
 
 def save_checkpoint(
@@ -49,7 +48,7 @@ def save_checkpoint(
         RuntimeError: on every rank, when rank 0 could not write the file (instead of
             the other ranks running on into a hang).
     """
-    require_initialized("save_checkpoint")
+    require_initialized(COLLECTIVE, "save_checkpoint")
 
     def write() -> None:
         payload = {
@@ -63,7 +62,8 @@ def save_checkpoint(
         with atomic_write(path) as file:
             torch.save(payload, file)
 
-    _on_rank0_for_all(write, f"write checkpoint {os.fspath(path)}", "hvdtrain.checkpoint.saved")
+    on_rank0_for_all(COLLECTIVE, write, f"write checkpoint {os.fspath(path)}",
+                     "hvdtrain.checkpoint.saved")
 
 
 def load_checkpoint(
@@ -87,7 +87,7 @@ def load_checkpoint(
         RuntimeError: on every rank, when the file is missing, unreadable or does not
             fit what was passed (the message says which).
     """
-    require_initialized("load_checkpoint")
+    require_initialized(COLLECTIVE, "load_checkpoint")
 
     def read() -> dict[str, Any]:
         payload = _read_checkpoint(path)
@@ -96,19 +96,12 @@ def load_checkpoint(
         _load_part(scheduler, payload["scheduler"], "scheduler")
         return payload["extra"]
 
-    extra = _on_rank0_for_all(read, f"load checkpoint {os.fspath(path)}",
-                              "hvdtrain.checkpoint.loaded")
+    extra = on_rank0_for_all(COLLECTIVE, read, f"load checkpoint {os.fspath(path)}",
+                             "hvdtrain.checkpoint.loaded")
     extra = broadcast_state(model, optimizer, scheduler, root_rank=0, extra=extra or {})
     if isinstance(scheduler, LinearScalingWarmup):  # written by another number of workers?
         scheduler.set_world_size(_hvd.size())
     return extra
-
-
-def _on_rank0_for_all(action: Callable[[], _Result], what: str, name: str) -> _Result | None:
-    """:func:`hvdtrain.checkpoint.on_rank0_for_all` through Horovod's object broadcast."""
-    return on_rank0_for_all(
-        action, what, rank=_hvd.rank(),
-        broadcast_object=lambda value: _hvd.broadcast_object(value, root_rank=0, name=name))
 
 
 def _require_saveable(payload: dict[str, Any]) -> None:

@@ -1,6 +1,6 @@
 """``DistributedOptimizer``: Horovod's gradient averaging for any torch optimizer, with
 hvdtrain's additions (averaging over micro-batches, bf16 on the wire, the start-time
-agreement check of :mod:`.agreement`, the non-finite check, the collective watchdog).
+agreement check of :mod:`.consistency`, the non-finite check, the collective watchdog).
 This module checks the arguments and builds the optimizer; :mod:`.averaging` is how it
 averages and checks the gradients."""
 
@@ -14,10 +14,11 @@ import horovod.torch as _hvd
 import torch
 from horovod.torch import Adasum, Average, ProcessSet, Sum, global_process_set
 
-from hvdtrain.adapters.torch._horovod import require_initialized
-from hvdtrain.adapters.torch.agreement import check_start_agreement, named_parameters_of
+from hvdtrain.adapters.torch._horovod import COLLECTIVE
 from hvdtrain.adapters.torch.averaging import distributed_class
 from hvdtrain.adapters.torch.compression import HOROVOD_COMPRESSION, compression_name
+from hvdtrain.adapters.torch.consistency import check_start_agreement, named_parameters_of
+from hvdtrain.collective import require_initialized
 from hvdtrain.consistency import software_versions
 from hvdtrain.nonfinite import NonFiniteGradientError
 from hvdtrain.runtime import elastic_job
@@ -125,7 +126,7 @@ def DistributedOptimizer(
     require_instance("optimizer", optimizer, torch.optim.Optimizer,
                      "a torch.optim.Optimizer, e.g. torch.optim.SGD(model.parameters(), lr=0.1)")
     named = named_parameters_of(optimizer, named_parameters)
-    require_initialized("DistributedOptimizer")
+    require_initialized(COLLECTIVE, "DistributedOptimizer")
     compression = compression_name(compression)
     require_positive_int("backward_passes_per_step", backward_passes_per_step)
     require_instance("average_aggregated_gradients", average_aggregated_gradients, bool,

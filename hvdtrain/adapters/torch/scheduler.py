@@ -9,7 +9,8 @@ from typing import Any
 import horovod.torch as _hvd
 import torch
 
-from hvdtrain.adapters.torch._horovod import require_initialized
+from hvdtrain.adapters.torch._horovod import COLLECTIVE
+from hvdtrain.collective import require_initialized
 from hvdtrain.consistency import check_ranks_agree
 from hvdtrain.runtime import elastic_job
 from hvdtrain.schedule import (
@@ -73,7 +74,8 @@ class LinearScalingWarmup(torch.optim.lr_scheduler.LRScheduler):
                 f"pass backward_passes_per_step={accumulating} so k counts the whole global batch"
             )
         if world_size is None:
-            require_initialized("LinearScalingWarmup (world_size=None means Horovod's size)")
+            require_initialized(COLLECTIVE,
+                                "LinearScalingWarmup (world_size=None means Horovod's size)")
             world_size = _hvd.size()
         elif _hvd.is_initialized():
             require_same_world_size(world_size, _hvd.size(), "hvt.size()")
@@ -99,7 +101,7 @@ class LinearScalingWarmup(torch.optim.lr_scheduler.LRScheduler):
         # In an elastic job a worker that joins builds this while the others train; the
         # elastic state's sync gives it rank 0's progress instead.
         if _hvd.is_initialized() and not elastic_job():
-            check_ranks_agree(_hvd.allgather_object, self._schedule_arguments,
+            check_ranks_agree(COLLECTIVE, self._schedule_arguments,
                               "LinearScalingWarmup", name="hvdtrain.schedule_agreement")
         super().__init__(optimizer)
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import keras
 
-from hvdtrain.adapters.keras import collectives, tally
+from hvdtrain.adapters.keras import backend, collectives, tally
 from hvdtrain.adapters.keras.optimizer import require_agreeing_loss_scaling
-from hvdtrain.consistency import software_versions
+from hvdtrain.collective import require_initialized
+from hvdtrain.consistency import check_ranks_agree, software_versions
 
 
 class BroadcastInitialState(keras.callbacks.Callback):
@@ -29,7 +30,7 @@ class BroadcastInitialState(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None) -> None:
         """Check agreement, then broadcast (Keras calls it when ``fit`` starts)."""
-        collectives.require_initialized("BroadcastInitialState")
+        require_initialized(backend.collective(), "BroadcastInitialState")
         if getattr(self.model, "jit_compile", False):
             raise ValueError("compile the model with jit_compile=False: Horovod's collectives "
                              "have no XLA kernels in this build")
@@ -40,7 +41,7 @@ class BroadcastInitialState(keras.callbacks.Callback):
             if not optimizer.built:
                 optimizer.build(self.model.trainable_variables)
             variables += optimizer.variables
-        collectives.check_ranks_agree({
+        check_ranks_agree(backend.collective(), {
             "variables (shape, dtype)": [(tuple(v.shape), str(v.dtype)) for v in variables],
             "optimizer class": type(optimizer).__name__ if optimizer is not None else None,
             "optimizer config": _comparable_config(optimizer),

@@ -6,8 +6,9 @@ import keras
 from keras import ops
 
 from hvdtrain import horovod_patches
-from hvdtrain.adapters.keras import collectives
+from hvdtrain.adapters.keras import backend, collectives
 from hvdtrain.adapters.keras.optimizer import gradient_compression
+from hvdtrain.collective import gather, require_initialized
 
 
 class JoinAtEpochEnd(keras.callbacks.Callback):
@@ -39,7 +40,7 @@ class JoinAtEpochEnd(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None) -> None:
         """Refuse what cannot work with a joined worker, or on this Horovod."""
-        collectives.require_initialized("JoinAtEpochEnd")
+        require_initialized(backend.collective(), "JoinAtEpochEnd")
         if (keras.backend.backend() == "tensorflow"
                 and not horovod_patches.has_patch(horovod_patches.STATEFUL_JOIN)):
             raise RuntimeError(horovod_patches.missing_patch_message(
@@ -68,7 +69,7 @@ def join_and_align(model: keras.Model) -> None:
     all took as many). Horovod's join is global: every rank of the job must call it."""
     collectives.join()
     optimizer = model.optimizer
-    steps = collectives.gather_objects(int(ops.convert_to_numpy(optimizer.iterations)),
+    steps = gather(backend.collective(), int(ops.convert_to_numpy(optimizer.iterations)),
                                        "hvdtrain.join.steps")
     if len(set(steps)) > 1:
         collectives.broadcast_variables(list(model.variables) + list(optimizer.variables),

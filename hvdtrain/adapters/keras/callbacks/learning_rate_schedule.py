@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import keras
 
-from hvdtrain.adapters.keras import collectives
+from hvdtrain.adapters.keras import backend
 from hvdtrain.adapters.keras.callbacks._rates import learning_rate, set_learning_rate
 
 
@@ -94,7 +94,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 
     def _ramp(self, epoch: float) -> float:
         # Horovod's: shifted by one batch so that each epoch ends on a round number.
-        size = collectives.horovod().size()
+        size = backend.horovod().size()
         epoch += 1.0 / self.steps_per_epoch
         return (epoch * (size - 1) / self.warmup_epochs + 1) / size
 
@@ -102,6 +102,6 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         """Log the rate; say when the warmup is over (rank 0, with ``verbose``)."""
         super().on_epoch_end(epoch, logs)
         if (epoch == self.end_epoch - 1 and self.verbose > 0
-                and collectives.horovod().rank() == 0):
+                and backend.horovod().rank() == 0):
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
                   f"{learning_rate(self.model.optimizer):g}.")

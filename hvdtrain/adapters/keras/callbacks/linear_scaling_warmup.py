@@ -7,8 +7,10 @@ from typing import Any
 
 import keras
 
-from hvdtrain.adapters.keras import _internals, collectives
+from hvdtrain.adapters.keras import _internals, backend
 from hvdtrain.adapters.keras.callbacks._rates import learning_rate, set_learning_rate
+from hvdtrain.collective import gather, require_initialized
+from hvdtrain.consistency import check_ranks_agree
 from hvdtrain.runtime import elastic_job
 from hvdtrain.schedule import (
     DEFAULT_BASE_BATCH_SIZE,
@@ -87,7 +89,7 @@ class LinearScalingWarmup(keras.callbacks.Callback):
 
     def _make_schedule(self, base_lr: float, batches_per_epoch: int,
                        passes: int, world_size: int | None = None) -> LinearScalingSchedule:
-        hvd = collectives.horovod()
+        hvd = backend.horovod()
         if world_size is None:
             world_size = hvd.size() if hvd.is_initialized() else 1
         return LinearScalingSchedule(
@@ -100,7 +102,7 @@ class LinearScalingWarmup(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None) -> None:
         """Fix η and the schedule and check that every rank has the same one."""
-        collectives.require_initialized("LinearScalingWarmup")
+        require_initialized(backend.collective(), "LinearScalingWarmup")
         if self.schedule is not None and elastic_job():
             # A later fit of an elastic job (after a reset, or after a partial epoch), or
             # a worker that joined and was given rank 0's progress: keep the schedule,
@@ -114,7 +116,7 @@ class LinearScalingWarmup(keras.callbacks.Callback):
         if not self.steps_per_epoch and not elastic_job():
             # Shares may give the workers different numbers of batches (JoinAtEpochEnd):
             # the job's epoch is the longest.
-            shares = collectives.gather_objects(batches, "hvdtrain.warmup.batches")
+            shares = gather(backend.collective(), batches, "hvdtrain.warmup.batches")
             batches = None if None in shares else max(shares)
         if not batches:
             raise ValueError("LinearScalingWarmup needs steps_per_epoch: fit does not know the "
@@ -136,7 +138,7 @@ class LinearScalingWarmup(keras.callbacks.Callback):
             # A worker that joins an elastic job starts this fit later than the others;
             # the elastic state's sync has given it rank 0's schedule and progress.
             return
-        collectives.check_ranks_agree(
+        check_ranks_agree(backend.collective(),
             {name: getattr(self.schedule, name) for name in (
                 "base_lr", "batch_size_per_worker", "steps_per_epoch", "base_batch_size",
                 "warmup_epochs", "milestones", "gamma", "backward_passes_per_step")},

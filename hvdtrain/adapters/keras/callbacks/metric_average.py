@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import keras
 
-from hvdtrain.adapters.keras import collectives
+from hvdtrain.adapters.keras import backend
+from hvdtrain.metrics import average_over_ranks
 from hvdtrain.validation import require_non_negative_int
 
 
@@ -45,7 +46,7 @@ class MetricAverage(keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs=None) -> None:
         """Replace each value in ``logs`` by its (weighted) mean over the ranks."""
         if logs:
-            logs.update(collectives.average_numbers(logs, self._weights(logs)))
+            logs.update(average_over_ranks(backend.collective(), logs, self._weights(logs)))
 
     def _weights(self, logs: dict) -> dict[str, float] | None:
         if self.examples is None and self.validation_examples is None:

@@ -6,7 +6,9 @@ import os
 
 import keras
 
-from hvdtrain.adapters.keras.checkpoint import on_rank0_for_all_ranks, write_model
+from hvdtrain.adapters.keras import backend
+from hvdtrain.adapters.keras.checkpoint import write_model
+from hvdtrain.collective import on_rank0_for_all
 
 
 class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
@@ -34,5 +36,5 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
             if self._should_save_model(epoch, batch, logs, filepath):
                 write_model(self.model, filepath, weights_only=self.save_weights_only)
 
-        on_rank0_for_all_ranks(save, f"write checkpoint {os.fspath(filepath)}",
-                               "hvdtrain.keras_checkpoint.callback")
+        on_rank0_for_all(backend.collective(), save, f"write checkpoint {os.fspath(filepath)}",
+                         "hvdtrain.keras_checkpoint.callback")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import keras
 
-from hvdtrain.adapters.keras.state import verify_replicas
+from hvdtrain.adapters.keras.replicas import verify_replicas
 from hvdtrain.validation import require_positive_int
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from hvdtrain.adapters.keras import collectives
+from hvdtrain.adapters.keras import backend
 from hvdtrain.validation import require_positive_int
 
 __all__ = ["ElasticData"]
@@ -111,7 +111,7 @@ class ElasticData(keras.utils.PyDataset):
     def _current_segment(self) -> tuple[int, np.ndarray]:
         """(size, this worker's share) of the pass under way, fixed when it began."""
         if self._segment is None:
-            hvd = collectives.horovod()
+            hvd = backend.horovod()
             rank, size = (hvd.rank(), hvd.size()) if hvd.is_initialized() else (0, 1)
             self._segment = (size, self.share(rank, size))
         return self._segment

@@ -9,7 +9,7 @@ from typing import Any
 from horovod.common.elastic import run_fn
 from horovod.common.exceptions import HorovodInternalError
 
-from hvdtrain.adapters.keras import collectives
+from hvdtrain.adapters.keras import backend
 from hvdtrain.elastic import bounded_reset
 
 __all__ = ["run"]
@@ -50,7 +50,7 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def _is_horovod_failure(error: Exception) -> bool:
     """Whether ``error`` is TensorFlow's report of a failed Horovod collective."""
-    if collectives.horovod().__name__ != "horovod.tensorflow":
+    if backend.horovod().__name__ != "horovod.tensorflow":
         return False
     import tensorflow as tf
 
@@ -61,6 +61,6 @@ def _reset() -> None:
     """Start Horovod again on the workers there are now (as Horovod's own reset does:
     hvdtrain's defaults are in the environment since the first ``init``, and its
     watchdog and failure report stay in place)."""
-    hvd = collectives.horovod()
+    hvd = backend.horovod()
     hvd.shutdown()
     hvd.init()

@@ -8,7 +8,7 @@ import keras
 from horovod.common.elastic import ObjectState
 from keras import ops
 
-from hvdtrain.adapters.keras import _internals, collectives
+from hvdtrain.adapters.keras import _internals, backend, collectives
 from hvdtrain.adapters.keras.callbacks import LinearScalingWarmup
 from hvdtrain.adapters.keras.elastic.data import ElasticData
 from hvdtrain.validation import require_instance
@@ -70,8 +70,8 @@ class KerasState(ObjectState):
             v for v in optimizer.variables if id(v) not in local]
         self._variables = list(model.variables) + list(optimizer.variables)
         self._keep_copy()
-        super().__init__(bcast_object=collectives.horovod().broadcast_object,
-                         get_rank=collectives.horovod().rank, epoch=epoch, **extras)
+        super().__init__(bcast_object=backend.horovod().broadcast_object,
+                         get_rank=backend.horovod().rank, epoch=epoch, **extras)
 
     def save(self) -> None:
         """Keep a copy of the state in memory (``commit()`` calls it)."""
@@ -90,7 +90,7 @@ class KerasState(ObjectState):
         collectives.broadcast_variables(self._shared, root_rank=0)
         self._load_progress(self._bcast_object(self._progress()))
         if self.warmup is not None:
-            self.warmup.set_world_size(collectives.horovod().size())
+            self.warmup.set_world_size(backend.horovod().size())
         self._keep_copy()
         super().sync()
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import keras
 
-from hvdtrain.adapters.keras import _internals, collectives
+from hvdtrain.adapters.keras import _internals, backend, collectives
+from hvdtrain.collective import require_initialized
 from hvdtrain.validation import require_instance
 
 __all__ = ["verify_replicas"]
@@ -18,7 +19,7 @@ def verify_replicas(model: keras.Model) -> None:
         ReplicaMismatchError: on every rank, naming the ranks and the first variable
             that differs.
     """
-    collectives.require_initialized("verify_replicas")
+    require_initialized(backend.collective(), "verify_replicas")
     require_instance("model", model, keras.Model, "a keras.Model")
     named = [(v.path, v) for v in model.variables]
     optimizer = getattr(model, "optimizer", None)

@@ -1,4 +1,4 @@
-"""broadcast_state, verify_replicas, state_fingerprint (hvdtrain/adapters/torch/state.py)
+"""broadcast_state, verify_replicas, state_fingerprint (hvdtrain/adapters/torch/replicas.py)
 on 2 real ranks (Gloo and MPI).
 
 The launch, shared by tests/adapters/test_torch_*.py: conftest.py's ``torch_run``.

@@ -11,7 +11,8 @@ from typing import Any
 import torch
 from horovod.torch import ProcessSet
 
-from hvdtrain.adapters.torch._horovod import allgather_object
+from hvdtrain.adapters.torch._horovod import collective_for
+from hvdtrain.collective import gather
 from hvdtrain.consistency import (
     RankDisagreementError,
     first_parameter_difference,
@@ -74,8 +75,8 @@ def check_start_agreement(named_parameters: list[tuple[str, torch.Tensor]],
     rank, the parameter or field, and both values.
     """
     mine = [(name, tuple(p.shape), str(p.dtype)) for name, p in named_parameters]
-    everyone = allgather_object({"parameters": mine, "facts": facts},
-                                "hvdtrain.start_agreement", process_set)
+    everyone = gather(collective_for(process_set), {"parameters": mine, "facts": facts},
+                      "hvdtrain.start_agreement")
     problem = first_parameter_difference([rank["parameters"] for rank in everyone])
     if problem:
         raise ParameterMismatchError(

@@ -13,8 +13,9 @@ import numpy as np
 import torch
 
 from hvdtrain import watchdog
-from hvdtrain.adapters.torch._horovod import allgather_object, require_initialized
-from hvdtrain.replicas import ReplicaMismatchError, checksums, fingerprint, raise_on_mismatch
+from hvdtrain.adapters.torch._horovod import COLLECTIVE
+from hvdtrain.collective import require_initialized
+from hvdtrain.replicas import ReplicaMismatchError, checksums, fingerprint, verify_checksums
 from hvdtrain.trees import leaves, map_leaves
 from hvdtrain.validation import require_instance, require_root_rank
 
@@ -58,7 +59,7 @@ def broadcast_state(
     Returns:
         The root's ``extra`` (a new dict) on every rank.
     """
-    require_initialized("broadcast_state")
+    require_initialized(COLLECTIVE, "broadcast_state")
     require_instance("model", model, torch.nn.Module, "a torch.nn.Module")
     require_root_rank(root_rank, _hvd.size())
     with watchdog.guard(f"broadcast_state from rank {root_rank}"):
@@ -97,10 +98,10 @@ def verify_replicas(model: torch.nn.Module,
         ReplicaMismatchError: on every rank, naming the ranks that differ from rank 0
             and the first tensor where they do.
     """
-    require_initialized("verify_replicas")
+    require_initialized(COLLECTIVE, "verify_replicas")
     require_instance("model", model, torch.nn.Module, "a torch.nn.Module")
     mine = checksums(_named_arrays(model, optimizer))
-    raise_on_mismatch(allgather_object(mine, "hvdtrain.replica_checksums"))
+    verify_checksums(COLLECTIVE, mine)
 
 
 def state_fingerprint(model: torch.nn.Module,

@@ -1,0 +1,202 @@
+"""The optimizer classes behind :func:`~hvdtrain.adapters.keras.DistributedOptimizer`:
+a subclass of the user's optimizer class (cached per class and reduction) that averages
+the gradients just before clipping and the update, and the ``LossScaleOptimizer``
+subclass that averages before its finite check under ``mixed_float16``. Saved models
+name the wrapped class, so they load without hvdtrain.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import keras
+from keras import ops
+from keras.optimizers import LossScaleOptimizer
+
+from hvdtrain.adapters.keras import backend
+from hvdtrain.adapters.keras.reduction import (
+    average_gradients,
+    check_op,
+    finite_on_every_rank,
+    require_finite,
+)
+from hvdtrain.nonfinite import SKIP_REMEDY
+from hvdtrain.validation import require_compression, require_positive_number
+
+NO_LOSS_SCALED_ACCUMULATION = ("backward_passes_per_step > 1 is not supported with loss "
+                               "scaling (mixed_float16); accumulate in float32, or use "
+                               "mixed_bfloat16")
+
+
+def on_nonfinite(skip_nonfinite: bool, check_nonfinite: bool) -> str:
+    """What a distributed class does with an averaged gradient holding NaN or Inf
+    (``distributed_class``'s ``on_nonfinite``); skipping implies checking."""
+    if skip_nonfinite:
+        return "skip"
+    return "raise" if check_nonfinite else "ignore"
+
+
+@dataclasses.dataclass(frozen=True)
+class Reduction:
+    """How an update's gradients are combined across workers (a cache key, so frozen)."""
+
+    compression: str | None
+    op: Any
+    prescale: float = 1.0
+    postscale: float = 1.0
+    process_set: Any = None
+
+    def apply(self, grads: list[Any], check_step: Any = None,
+              remedy: str = SKIP_REMEDY) -> list[Any]:
+        """``grads`` reduced (:func:`.reduction.average_gradients`, which also takes
+        ``check_step`` and ``remedy``)."""
+        return average_gradients(
+            grads, self.compression, self.op, prescale=self.prescale,
+            postscale=self.postscale, process_set=self.process_set, check_step=check_step,
+            remedy=remedy)
+
+
+def checked_reduction(compression: Any, op: Any, predivide: float, process_set: Any,
+               summed_passes: int) -> Reduction:
+    """The checked reduction for :func:`DistributedOptimizer`'s arguments."""
+    hvd = backend.horovod()
+    if compression is hvd.Compression.none:
+        compression = None
+    elif compression is hvd.Compression.fp16:
+        compression = "fp16"
+    op = hvd.Average if op is None else op
+    require_compression(compression)
+    check_op(op)
+    require_positive_number("gradient_predivide_factor", predivide)
+    if predivide != 1.0 and op != hvd.Average:
+        raise ValueError("gradient_predivide_factor needs op=Average (it splits the "
+                         "average's division into a part before and one after the sum)")
+    return Reduction(compression, op, 1.0 / predivide, predivide * summed_passes, process_set)
+
+
+def reduction_of(optimizer: keras.optimizers.Optimizer | None) -> Reduction | None:
+    """How a distributed optimizer combines its gradients; None for any other."""
+    return getattr(type(optimizer), "_hvdtrain_reduction", None)
+
+
+def is_distributed(optimizer: keras.optimizers.Optimizer) -> bool:
+    """Whether ``optimizer`` is one of this module's distributed classes."""
+    return reduction_of(optimizer) is not None
+
+
+def distributed_loss_scale(optimizer: keras.optimizers.Optimizer, reduction: Reduction,
+                            backward_passes_per_step: int) -> LossScaleOptimizer:
+    """``optimizer`` (or a plain one inside a LossScaleOptimizer) with the loss scaling's
+    decision taken on the worker-averaged gradients."""
+    if backward_passes_per_step > 1:
+        raise ValueError(NO_LOSS_SCALED_ACCUMULATION)
+    if not isinstance(optimizer, LossScaleOptimizer):
+        optimizer = LossScaleOptimizer(optimizer)
+    inner = optimizer.inner_optimizer
+    if isinstance(inner, LossScaleOptimizer) or is_distributed(inner):
+        raise ValueError("the LossScaleOptimizer wraps an optimizer that is already "
+                         "distributed or scaled; give hvk.DistributedOptimizer the plain one")
+    return loss_scale_class(type(optimizer), reduction).from_config(optimizer.get_config())
+
+
+@functools.cache
+def loss_scale_class(base: type, reduction: Reduction) -> type:
+    """A LossScaleOptimizer subclass that averages the scaled gradients before its
+    finite check (Keras calls ``apply`` once per update, before anything else)."""
+
+    class DistributedLossScale(base):
+        _hvdtrain_reduction = reduction
+
+        def apply(self, grads, trainable_variables=None):
+            return super().apply(reduction.apply(list(grads)), trainable_variables)
+
+    _name_like(DistributedLossScale, base)
+    return DistributedLossScale
+
+
+def _name_like(cls: type, base: type) -> None:
+    """Name ``cls`` as ``base``: saved models name the wrapped class and load without
+    hvdtrain."""
+    cls.__name__ = cls.__qualname__ = base.__name__
+    cls.__module__ = base.__module__
+    cls.__doc__ = f"{base.__name__} with gradients averaged over Horovod workers."
+
+
+@functools.cache
+def distributed_class(base: type, reduction: Reduction, on_nonfinite: str,
+                       remedy: str = SKIP_REMEDY) -> type:
+    """A subclass of ``base`` that averages gradients just before clipping and the update.
+
+    Keras 3 calls ``_clip_gradients`` once per optimizer update, with the final
+    gradients (:mod:`hvdtrain.adapters.keras._internals`), so the allreduce runs once
+    per update and clipping sees the worker-averaged gradient. An averaged gradient
+    holding NaN or Inf: ``on_nonfinite="raise"`` stops training on every rank;
+    ``"skip"`` runs the weight decay and the update only when it is finite on every
+    rank, counting skipped updates in ``skipped_steps``; ``"ignore"`` applies it.
+    ``remedy`` ends the error's message.
+    """
+    skip_nonfinite = on_nonfinite == "skip"
+
+    class Distributed(base):
+        def register_local_var(self, var: Any) -> None:
+            """Keep ``var`` worker-local (Horovod's): its gradient is not averaged but
+            divided by size() (Horovod's ``scale_local_gradients``)."""
+            self._hvdtrain_local = getattr(self, "_hvdtrain_local", frozenset()) | {id(var)}
+
+        def _backend_apply_gradients(self, grads, trainable_variables):
+            if getattr(self, "_hvdtrain_local", None):
+                # What _clip_gradients' grads are of, for telling the local ones apart.
+                # Set past Keras's attribute tracking, which would count the model's
+                # variables as the optimizer's (and saved optimizer state would no
+                # longer load).
+                object.__setattr__(self, "_hvdtrain_variables", list(trainable_variables))
+            return super()._backend_apply_gradients(grads, trainable_variables)
+
+        def _clip_gradients(self, grads):
+            averaged = self._reduce(grads, self.iterations if on_nonfinite == "raise" else None)
+            if skip_nonfinite:
+                self._hvdtrain_update = finite_on_every_rank(averaged)
+            return super()._clip_gradients(averaged)
+
+        def _reduce(self, grads, check_step):
+            local = getattr(self, "_hvdtrain_local", None)
+            if not local:
+                return reduction.apply(grads, check_step, remedy)
+            is_local = [id(v) in local for v in self._hvdtrain_variables]
+            shared = reduction.apply([None if mine else g
+                                      for g, mine in zip(grads, is_local, strict=True)])
+            size = backend.horovod().size()
+            reduced = [g / size if mine and g is not None else averaged
+                       for g, averaged, mine in zip(grads, shared, is_local, strict=True)]
+            if check_step is None:
+                return reduced
+            return require_finite(reduced, check_step, remedy)
+
+        def _apply_weight_decay(self, variables):
+            parent = super()._apply_weight_decay
+            if not skip_nonfinite:
+                return parent(variables)
+            return ops.cond(self._hvdtrain_update, lambda: parent(variables), lambda: None)
+
+        def _backend_update_step(self, grads, trainable_variables, learning_rate):
+            parent = super()._backend_update_step
+            if not skip_nonfinite:
+                return parent(grads, trainable_variables, learning_rate)
+
+            def skip():
+                self.skipped_steps.assign_add(1)
+
+            return ops.cond(self._hvdtrain_update,
+                            lambda: parent(grads, trainable_variables, learning_rate), skip)
+
+        def build(self, variables):
+            super().build(variables)
+            if skip_nonfinite:
+                self.skipped_steps = self.add_variable((), dtype="int64", name="skipped_steps",
+                                                       initializer="zeros")
+
+    Distributed._hvdtrain_reduction = reduction
+    _name_like(Distributed, base)
+    return Distributed

@@ -1,0 +1,232 @@
+"""Gradient reduction on Keras 3 tensors, with its checks: the average (or sum) of
+every worker's gradients in one collective (a flat buffer with its tally on
+TensorFlow's CPU, a grouped allreduce, or a bfloat16 allgather), the count of the
+workers that contributed (for ``join``), and the checks that the result is finite.
+
+Written with ``keras.ops``, so it serves Keras on the TensorFlow backend (in graph or
+eager mode) and on the torch backend alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import keras
+import numpy as np
+from keras import ops
+
+from hvdtrain.adapters.keras import tally
+from hvdtrain.adapters.keras.backend import UNSCOPED, horovod
+from hvdtrain.nonfinite import SKIP_REMEDY, NonFiniteGradientError, nonfinite_gradient_message
+
+# Where the non-finite error shows the optimizer step (a tensor known only at run time);
+# hvdtrain._tf_packing's unpack op replaces this very text.
+_STEP_PLACEHOLDER = "{step}"
+
+
+def check_op(op: Any) -> None:
+    """Raise ValueError unless ``op`` is Horovod's Average or Sum."""
+    hvd = horovod()
+    if op not in (hvd.Average, hvd.Sum):
+        raise ValueError("op must be Average or Sum (Adasum is not supported for Keras)")
+
+
+def average_gradients(grads: Sequence[Any], compression: str | None, op: Any, *,
+                      prescale: float = 1.0, postscale: float = 1.0,
+                      process_set: Any = None, check_step: Any = None,
+                      remedy: str = SKIP_REMEDY) -> list[Any]:
+    """Reduce every non-None gradient across workers in one collective.
+
+    Without compression, float32 or float64 gradients (all of one dtype) on
+    TensorFlow's CPU travel in one flat buffer (:mod:`hvdtrain.adapters.keras.tally`,
+    when its ops are built); other gradients, and "fp16", use one Horovod grouped
+    allreduce. "bf16" concatenates the gradients into one buffer, sends it as bfloat16
+    through one allgather (Horovod 0.28.1 has no bfloat16 reduction) and adds the ranks'
+    values in rank order. ``prescale`` multiplies each rank's gradients before the
+    reduction and ``postscale`` the result (Horovod's factors); ``process_set`` limits
+    the reduction to its ranks (None: every rank).
+
+    An average (without "bf16") sends a 1 with the gradients, which counts the ranks that
+    sent gradients: a rank that has called Horovod's ``join()`` sends zeros, and the
+    average is then taken over the others only, as one process on their batches would.
+
+    Args:
+        check_step: when given (the optimizer step), stop training, as
+            :func:`require_finite` does, if a reduced gradient holds NaN or Inf; in the
+            flat buffer this reads one bound instead of every gradient.
+        remedy: the advice that ends that error's message.
+    """
+    present = [i for i, g in enumerate(grads) if g is not None]
+    if not present:
+        return list(grads)
+    tensors = [dense(grads[i]) for i in present]
+    within = {} if process_set is None else {"process_set": process_set}
+    hvd = horovod()
+    ranks = (process_set or hvd.global_process_set).size()
+    if compression == "bf16":
+        if prescale != 1.0:
+            tensors = [t * prescale for t in tensors]
+        reduced = _bf16_reduce(tensors, op, within)
+        if postscale != 1.0:
+            reduced = [t * postscale for t in reduced]
+    elif compression is None and tally.packs(tensors):
+        return _placed(grads, present, _flat_reduce(
+            tensors, op, prescale, postscale, within, ranks, check_step, remedy))
+    else:
+        counted = op == hvd.Average
+        if counted:
+            tensors.append(ops.ones((), dtype=tensors[0].dtype))
+        codec = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
+        reduced = hvd.grouped_allreduce(tensors, op=op, compression=codec,
+                                        prescale_factor=prescale, postscale_factor=postscale,
+                                        name="hvdtrain.gradients", **within, **UNSCOPED)
+        if counted:
+            reduced = _over_contributors(reduced[:-1], reduced[-1],
+                                         prescale * postscale / ranks, ranks)
+    if check_step is not None:
+        reduced = require_finite(reduced, check_step, remedy)
+    return _placed(grads, present, reduced)
+
+
+def _placed(grads: Sequence[Any], present: list[int], reduced: list[Any]) -> list[Any]:
+    """``grads`` with the gradient at each index in ``present`` replaced, in order."""
+    result = list(grads)
+    for i, tensor in zip(present, reduced, strict=True):
+        result[i] = tensor
+    return result
+
+
+def _flat_reduce(tensors: list[Any], op: Any, prescale: float, postscale: float,
+                 within: dict[str, Any], ranks: int, check_step: Any,
+                 remedy: str) -> list[Any]:
+    """:func:`average_gradients` through one flat buffer with its tally."""
+    hvd = horovod()
+    check = check_step is not None
+    message = "hvdtrain: " + nonfinite_gradient_message(_STEP_PLACEHOLDER, remedy=remedy)
+    step_tensor = check_step if check else 0
+    if isinstance(check_step, str):  # the step is unknown: say so in the message
+        message, step_tensor = message.replace(_STEP_PLACEHOLDER, check_step), 0
+    flat = tally.pack(tensors, bound=check)
+    flat = hvd.allreduce(flat, op=op, prescale_factor=prescale, postscale_factor=postscale,
+                         name="hvdtrain.gradients", **within, **UNSCOPED)
+    reduced, numbers = tally.unpack(flat, [t.shape for t in tensors], step_tensor,
+                                    check=check, message=message)
+    if op != hvd.Average:
+        return reduced
+    rechecked = (lambda rescaled: require_finite(rescaled, check_step, remedy)) if check \
+        else None
+    return _over_contributors(reduced, numbers[0], prescale * postscale / ranks, ranks,
+                              rechecked)
+
+
+def _over_contributors(averaged: list[Any], count: Any, unit: float, ranks: int,
+                       rechecked: Callable[[list[Any]], list[Any]] | None = None
+                       ) -> list[Any]:
+    """``averaged`` (the sum over ``ranks``, scaled by ``unit``) re-divided by the number
+    of ranks that contributed, which the reduced ``count`` (their 1s, scaled by ``unit``)
+    tells; unchanged when every rank did (the usual case: no pass over the gradients).
+    ``rechecked``, when given, is applied to the re-divided gradients (the non-finite
+    check of values the flat buffer's bound no longer covers)."""
+    contributors = ops.cast(count, "float32") / unit
+    partial = ops.less(contributors, ranks - 0.5)
+
+    def rescale() -> list[Any]:
+        factor = ranks / ops.maximum(contributors, 1.0)
+        rescaled = [g * ops.cast(factor, g.dtype) for g in averaged]
+        return rescaled if rechecked is None else rechecked(rescaled)
+
+    return ops.cond(partial, rescale, lambda: list(averaged))
+
+
+def all_finite(tensors: Sequence[Any]) -> Any:
+    """A boolean tensor: no element of ``tensors`` is NaN or Inf.
+
+    The tensors are summed first: NaN and Inf survive addition, so a finite sum proves
+    every element finite, in one read of the tensors (an exact test writes a mask per
+    tensor and reads it again). Only a sum that is not finite (a NaN or Inf, or finite
+    values whose sum overflows) is followed by the exact test, which decides.
+    """
+
+    def exact() -> Any:
+        return ops.all(ops.stack([ops.all(ops.isfinite(t)) for t in tensors]))
+
+    total = ops.sum(ops.stack([ops.cast(ops.sum(t), "float32") for t in tensors]))
+    return ops.cond(ops.isfinite(total), lambda: ops.convert_to_tensor(True), exact)
+
+
+def require_finite(grads: Sequence[Any], step: Any, remedy: str = SKIP_REMEDY) -> list[Any]:
+    """``grads`` unchanged, after stopping training if any holds a NaN or Inf.
+
+    On TensorFlow this is a graph assertion (``InvalidArgumentError`` naming the step);
+    on torch a :class:`hvdtrain.nonfinite.NonFiniteGradientError`. ``remedy`` ends the
+    message.
+    """
+    present = [g for g in grads if g is not None]
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        finite = all_finite(present)
+        message = nonfinite_gradient_message(_STEP_PLACEHOLDER, remedy=remedy)
+        before, after = message.split(_STEP_PLACEHOLDER)
+        check = tf.debugging.Assert(finite, [f"hvdtrain: {before}", step, after])
+        with tf.control_dependencies([check]):
+            return [None if g is None else tf.identity(g) for g in grads]
+    if not bool(all_finite(present)):
+        raise NonFiniteGradientError(nonfinite_gradient_message(int(step), remedy=remedy))
+    return list(grads)
+
+
+def finite_on_every_rank(grads: Sequence[Any]) -> Any:
+    """A boolean tensor, the same on every rank: no rank sees a NaN or Inf in ``grads``."""
+    present = [g for g in grads if g is not None]
+    bad = ops.cast(ops.logical_not(all_finite(present)), "float32")
+    hvd = horovod()
+    total = hvd.allreduce(ops.reshape(bad, [1]), op=hvd.Sum, name="hvdtrain.nonfinite",
+                          **UNSCOPED)
+    return ops.equal(ops.reshape(total, []), 0.0)
+
+
+def sum_over_ranks(tensor: Any, name: str) -> Any:
+    """The sum of ``tensor`` over all ranks, differentiable (its gradient is the sum of
+    the ranks' gradients); ``name`` pairs the collective across ranks."""
+    hvd = horovod()
+    return hvd.allreduce(tensor, op=hvd.Sum, name=name, **UNSCOPED)
+
+
+def dense(gradient: Any) -> Any:
+    """``gradient`` as a dense tensor. Embedding layers give tf.IndexedSlices on TensorFlow,
+    which keras.ops.convert_to_tensor keeps sparse, and Horovod would allgather them (no
+    allreduce, so no join and no count of contributors)."""
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.convert_to_tensor(gradient)
+    return ops.convert_to_tensor(gradient)
+
+
+def _bf16_reduce(tensors: list[Any], op: Any, within: dict[str, Any]) -> list[Any]:
+    hvd = horovod()
+    dtype = tensors[0].dtype
+    flat = ops.concatenate([ops.reshape(ops.cast(t, "float32"), [-1]) for t in tensors])
+    bits = _bitcast(ops.cast(flat, "bfloat16"), "int16")
+    gathered = hvd.allgather(ops.reshape(bits, [1, -1]), name="hvdtrain.gradients.bf16",
+                             **within, **UNSCOPED)
+    values = ops.cast(_bitcast(gathered, "bfloat16"), "float32")
+    total = ops.sum(values, axis=0)
+    if op == hvd.Average:
+        total = total / ops.cast(ops.shape(values)[0], "float32")
+    sizes = [int(np.prod(t.shape)) for t in tensors]
+    pieces = ops.split(total, np.cumsum(sizes)[:-1].tolist()) if len(sizes) > 1 else [total]
+    return [ops.cast(ops.reshape(p, t.shape), dtype) for p, t in zip(pieces, tensors, strict=True)]
+
+
+def _bitcast(tensor: Any, dtype: str) -> Any:
+    """Reinterpret 16-bit values (bfloat16 <-> int16) without changing their bits."""
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.bitcast(tensor, getattr(tf, dtype))
+    import torch
+
+    return tensor.view(getattr(torch, dtype))

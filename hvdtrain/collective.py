@@ -1,0 +1,132 @@
+"""The one seam between hvdtrain's core and a framework's communication.
+
+A :class:`Collective` is what the core needs from a worker group: whether it is
+connected, this worker's rank, the group's size, and an allgather and a broadcast of
+Python objects. Each adapter has one: :class:`HorovodCollective` over ``horovod.torch``
+(the torch adapter, which adds one per Horovod process set) or over the Horovod that
+matches Keras's backend (the Keras and TensorFlow adapters), and an mpi4py
+communicator's in the NumPy adapter. The core's functions that need every rank take
+it: :func:`require_initialized`, :func:`gather` (under :mod:`hvdtrain.watchdog`),
+:func:`on_rank0_for_all`, :func:`hvdtrain.consistency.check_ranks_agree`,
+:func:`hvdtrain.replicas.verify_checksums` and :func:`hvdtrain.metrics.average_over_ranks`.
+
+>>> class Alone:  # one worker, as a test double or a script without a launcher
+...     init_call = "init()"
+...     def is_initialized(self): return True
+...     def rank(self): return 0
+...     def size(self): return 1
+...     def allgather_object(self, value, name): return [value]
+...     def broadcast_object(self, value, root_rank, name): return value
+>>> gather(Alone(), {"lr": 0.1}, "example")
+[{'lr': 0.1}]
+>>> on_rank0_for_all(Alone(), lambda: "written", "write a file", "example")
+'written'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Protocol, TypeVar
+
+from hvdtrain.watchdog import guard
+
+_Result = TypeVar("_Result")
+
+
+class Collective(Protocol):
+    """A group of workers as hvdtrain's core sees it.
+
+    Attributes:
+        init_call: how the user connects the workers, for messages (``"hvt.init()"``).
+    """
+
+    init_call: str
+
+    def is_initialized(self) -> bool:
+        """Whether the workers are connected."""
+
+    def rank(self) -> int:
+        """This worker's rank in the group."""
+
+    def size(self) -> int:
+        """The number of workers in the group."""
+
+    def allgather_object(self, value: Any, name: str) -> list[Any]:
+        """Every worker's picklable ``value``, in rank order; ``name`` pairs the call
+        across workers."""
+
+    def broadcast_object(self, value: Any, root_rank: int, name: str) -> Any:
+        """``root_rank``'s ``value`` on every worker."""
+
+
+@dataclass(frozen=True)
+class HorovodCollective:
+    """A Horovod framework module (``horovod.torch``, ``horovod.tensorflow``) as a
+    :class:`Collective` over all of its workers."""
+
+    horovod: ModuleType
+    init_call: str
+
+    def is_initialized(self) -> bool:
+        return bool(self.horovod.is_initialized())
+
+    def rank(self) -> int:
+        return int(self.horovod.rank())
+
+    def size(self) -> int:
+        return int(self.horovod.size())
+
+    def allgather_object(self, value: Any, name: str) -> list[Any]:
+        return list(self.horovod.allgather_object(value, name=name))
+
+    def broadcast_object(self, value: Any, root_rank: int, name: str) -> Any:
+        return self.horovod.broadcast_object(value, root_rank=root_rank, name=name)
+
+
+def require_initialized(collective: Collective, what: str) -> None:
+    """Raise RuntimeError naming ``what`` and the init to call unless the workers are
+    connected."""
+    if not collective.is_initialized():
+        raise RuntimeError(
+            f"{what} needs the workers connected: call {collective.init_call} first")
+
+
+def gather(collective: Collective, value: Any, name: str) -> list[Any]:
+    """Every worker's picklable ``value``, in rank order, while the collective watchdog
+    (:func:`hvdtrain.watchdog.guard`) watches the wait; ``name`` pairs the call across
+    workers."""
+    with guard(f"the allgather of {name}"):
+        return collective.allgather_object(value, name)
+
+
+def on_rank0_for_all(collective: Collective, action: Callable[[], _Result], what: str,
+                     name: str) -> _Result | None:
+    """Run ``action`` on rank 0 only and raise its failure on every rank.
+
+    Every worker must call this (one object broadcast, named ``name``).
+
+    Args:
+        collective: the workers.
+        action: what rank 0 does (write or read a file).
+        what: the action in words, for the error ("write checkpoint run/ckpt.pt").
+        name: the broadcast's name, the same on every worker.
+
+    Returns:
+        The action's result on rank 0, None elsewhere.
+
+    Raises:
+        RuntimeError: on every rank, naming ``what`` and rank 0's error, so that the
+            other ranks do not run on into a hang.
+    """
+    error, result = None, None
+    if collective.rank() == 0:
+        try:
+            result = action()
+        except Exception as failure:
+            error = f"{type(failure).__name__}: {failure}"
+    error = collective.broadcast_object(error, 0, name)
+    if error:
+        raise RuntimeError(f"rank 0 could not {what}: {error}")
+    return result
