@@ -63,6 +63,8 @@ PATCHES: tuple[Patch, ...] = (
                                       "not by horovodrun's --elastic-timeout"),
 )
 
+# Read once per process (installed()), and announced once per process (announce_missing()).
+_installed: frozenset[str] | None = None
 _announced = False
 
 
@@ -88,9 +90,6 @@ def _marker_patches(source: str) -> tuple[str, ...]:
                 and getattr(node.targets[0], "id", None) == "PATCHES"):
             return tuple(ast.literal_eval(node.value))
     return ()
-
-
-_installed: frozenset[str] | None = None
 
 
 def installed() -> frozenset[str]:

@@ -50,7 +50,22 @@ PIN="$(sed -n 's/^horovod==\(.*\)$/\1/p' "$REPO_ROOT/constraints.txt")"
 note() { printf '    %s\n' "$*"; }
 die() { printf '\nbuild-horovod: %s\n' "$*" >&2; exit 1; }
 
-importable() { "$PYTHON" -c "import $1" >/dev/null 2>&1; }
+# "NAME VERSION" per framework PYTHON imports, and "python cpXY": probed once (importing
+# TensorFlow takes seconds), by probe_frameworks before anything else runs.
+FOUND=""
+probe_frameworks() {
+    FOUND="$("$PYTHON" -c '
+import importlib, sys
+print(f"python cp{sys.version_info[0]}{sys.version_info[1]}")
+for name in ("torch", "tensorflow"):
+    try:
+        print(name, importlib.import_module(name).__version__)
+    except Exception:
+        pass
+' 2>/dev/null)" || die "$PYTHON does not run"
+}
+found_version() { sed -n "s/^$1 //p" <<<"$FOUND"; }
+importable() { [ -n "$(found_version "$1")" ]; }
 
 nccl_include() {  # the folder holding nccl.h, or nothing
     local dir
@@ -130,17 +145,16 @@ apply_patches() {
 
 # The cache key: what makes two builds interchangeable.
 cache_key() {
-    local flags frameworks="" versions patches
+    local flags frameworks="" versions="" patches
     flags="$(build_flags)"
     grep -q '^HOROVOD_WITH_PYTORCH=1$' <<<"$flags" && frameworks="torch"
     grep -q '^HOROVOD_WITH_TENSORFLOW=1$' <<<"$flags" && frameworks="$frameworks tensorflow"
-    # shellcheck disable=SC2086  # one argument per framework
-    versions="$("$PYTHON" -c '
-import importlib, sys
-labels = {"torch": "torch", "tensorflow": "tf"}
-parts = [labels[name] + importlib.import_module(name).__version__ for name in sys.argv[1:]]
-print("-".join([*parts, f"cp{sys.version_info[0]}{sys.version_info[1]}"]))
-' $frameworks 2>/dev/null)" || die "cannot read the framework versions from $PYTHON"
+    local name
+    for name in $frameworks; do
+        [ -n "$(found_version "$name")" ] || die "$PYTHON cannot import $name"
+        versions="$versions$( [ "$name" = torch ] && echo torch || echo tf )$(found_version "$name")-"
+    done
+    versions="$versions$(found_version python)"
     if [ "$STOCK" = 1 ]; then
         patches="stock"
     else
@@ -290,6 +304,7 @@ if [ "${1:-}" = "--stock" ]; then
     STOCK=1
     shift
 fi
+probe_frameworks
 case "${1:-}" in
     --print-flags) build_flags ;;
     --cache-key) cache_key ;;
