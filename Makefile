@@ -23,7 +23,7 @@ test: lint stock-horovod
 doctor: setup
 	$(VENV)/bin/hvdtrain doctor
 
-# The benchmarks of README.md's "Benchmarks" (about 50 min on 2 cores): results and
+# The benchmarks of benchmarks/README.md (about 50 min on 2 cores): results and
 # plots go to benchmarks/results/.
 bench: setup
 	$(PYTHON) benchmarks/run.py

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common import horovod_result, interleaved, median, pyplot, write_result
+from common import horovod_result, interleaved, markdown_table, median, pyplot, write_result
 
 from hvdtrain.launch import CONTROLLERS
 
@@ -64,3 +64,16 @@ def _plot(path: Path, table: list[dict]) -> None:
 
 def targets(summary: dict) -> list[tuple[str, bool]]:
     return []  # no target: the figures are the result
+
+
+def tables(result: dict) -> str:
+    """The report's table (Markdown) from ``allreduce.json``."""
+    def size(n: int) -> str:
+        return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+    rows = [[size(r["bytes"]), *(f"{1e3 * r[f'{c}_latency_s']:.2f} ms" for c in CONTROLLERS),
+             *(f"{r[f'{c}_bus_bandwidth_gbps']:.3g} GB/s" for c in CONTROLLERS),
+             f"{r['copy_bandwidth_gbps']:.3g} GB/s"] for r in result["sizes"]]
+    return markdown_table(["size", *(f"{c} latency" for c in CONTROLLERS),
+                           *(f"{c} bus bandwidth" for c in CONTROLLERS), "single-core copy"],
+                          rows)

@@ -188,3 +188,15 @@ def bar_chart(path: Path, title: str, bars: Mapping[str, float], ylabel: str,
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub-flavoured Markdown table (cells as given, already formatted)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def ms(seconds: float) -> str:
+    """Seconds as milliseconds with two decimals, the unit of every step-time table."""
+    return f"{1e3 * seconds:.2f} ms"

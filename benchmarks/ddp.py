@@ -30,8 +30,10 @@ from common import (
     concurrent_results,
     horovod_result,
     interleaved,
+    markdown_table,
     median,
     median_ratio,
+    ms,
     pyplot,
     torchrun_result,
     write_result,
@@ -127,3 +129,20 @@ def targets(summary: dict) -> list[tuple[str, bool]]:
                 verdicts.append((f"{model}: {name} step time / DDP's = {ratio:.3f} "
                                  f"(target <= {limit:.2f})", ratio <= limit))
     return verdicts
+
+
+def tables(result: dict) -> str:
+    """The report's tables (Markdown, one per model) from ``ddp.json``."""
+    parts = []
+    for model, contenders in result["models"].items():
+        rows = []
+        for name, c in contenders.items():
+            parts_s = c.get("breakdown_s", {})
+            rows.append([name, ms(c["median_step_s"]), f"{c['median_ratio_to_ddp']:.3f}",
+                         f"{c['efficiency']:.2f}",
+                         *(ms(parts_s[key]) if key in parts_s else "—" for key in (
+                             "compute_s", "wait_s", "update_s", "main_cpu_s", "other_cpu_s"))])
+        parts.append(f"{model}:\n\n" + markdown_table(
+            ["contender", "median step", "ratio to DDP", "efficiency", "compute",
+             "wait in synchronize", "update", "main-thread CPU", "other threads' CPU"], rows))
+    return "\n\n".join(parts)

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import horovod_result, progress, pyplot, write_result
+from common import horovod_result, markdown_table, progress, pyplot, write_result
 
 SAMPLES, TRAIN_SAMPLES = 30_000, 25_000
 ETAS = (0.02, 0.05, 0.1)
@@ -212,3 +212,39 @@ def _plot_curves(path: Path, baseline: dict, eta: float, rows: dict) -> None:
 
 def targets(summary: dict) -> list[tuple[str, bool]]:
     return []  # the paper's expectation is reported beside the measurement, not enforced
+
+
+def tables(result: dict) -> str:
+    """The report's tables (Markdown) from ``goyal.json``: the η tuning and Table 1."""
+    eta = result["tuned_eta"]
+    tuning = markdown_table(["η (k = 1)", "validation error, %"],
+                            [[f"{float(value):g}" + (" (tuned)" if float(value) == eta else ""),
+                              _cell(b)] for value, b in result["baselines"].items()])
+    baseline = result["baselines"][str(eta)] if str(eta) in result["baselines"] \
+        else result["baselines"][eta]
+    rows = [["1 (baseline)", baseline["global_batch"], baseline["steps_per_epoch"], f"{eta:g}",
+             _cell(baseline), "", ""]]
+    for k, row in result["large_batch"].items():
+        any_run = next(iter(row.values()))
+        rows.append([k, any_run["global_batch"], any_run["steps_per_epoch"],
+                     f"{any_run['target_lr']:g}",
+                     *(_seeds_cell(row[w]) if w in row else "—" for w in WARMUPS)])
+    table = markdown_table(["k", "global batch", "steps/epoch", "kη", "no warmup",
+                            "constant warmup", "gradual warmup (hvdtrain)"], rows)
+    check = result.get("accumulation_check")
+    verified = "" if not check else (
+        f"\n\nAccumulation check ({check['workers']} ranks x {check['passes']} passes x "
+        f"{check['micro_batch']} examples, {check['steps']} steps, against one process on "
+        f"the concatenated batch of {check['global_batch']}): largest parameter difference "
+        + ", ".join(f"{d:.1e} in {dtype}"
+                    for dtype, d in check["max_abs_parameter_difference"].items()) + ".")
+    return tuning + "\n\n" + table + verified
+
+
+def _seeds_cell(summary: dict) -> str:
+    """Mean ± std, with the seeds' own errors when they disagree by more than 10 points
+    (some trained and some diverged)."""
+    errors = summary["val_error_pct"]
+    cell = _cell(summary)
+    return cell + (f" ({', '.join(f'{e:.2f}' for e in errors)})"
+                   if max(errors) - min(errors) > 10 else "")

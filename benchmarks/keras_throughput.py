@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common import bar_chart, horovod_result, interleaved, median, write_result
+from common import bar_chart, horovod_result, interleaved, markdown_table, median, write_result
 
 MODES = ("fit", "custom_loop")
 
@@ -41,3 +41,12 @@ def run(folder: Path, smoke: bool) -> dict:
 
 def targets(summary: dict) -> list[tuple[str, bool]]:
     return []  # reported, no target in the issue
+
+
+def tables(result: dict) -> str:
+    """The report's table (Markdown) from ``keras.json``."""
+    names = {"fit": "model.fit", "custom_loop": "TF custom loop"}
+    rows = [[names.get(mode, mode), f"{m['samples_per_s_1_rank']:.0f} samples/s",
+             f"{m['samples_per_s_2_ranks']:.0f} samples/s", f"{m['scaling_efficiency']:.2f}"]
+            for mode, m in result["modes"].items()]
+    return markdown_table(["loop", "1 rank", "2 ranks", "efficiency"], rows)

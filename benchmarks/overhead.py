@@ -23,9 +23,11 @@ from pathlib import Path
 from common import (
     bar_chart,
     horovod_result,
+    markdown_table,
     median,
     median_ratio,
     median_ratio_interval,
+    ms,
     progress,
     write_result,
 )
@@ -132,3 +134,33 @@ def targets(summary: dict) -> list[tuple[str, bool]]:
                              f"step (target <= {100 * TARGET_CHECK_SHARE:.0f}%)",
                              share <= TARGET_CHECK_SHARE))
     return verdicts
+
+
+def tables(result: dict) -> str:
+    """The report's tables (Markdown) from ``overhead.json``."""
+    def ratio(entry: dict, contender: str) -> str:
+        if contender not in entry["median_ratio"]:
+            return "—"
+        low, high = entry["median_ratio_95ci"][contender]
+        return f"{entry['median_ratio'][contender]:.3f} ({low:.3f}-{high:.3f})"
+
+    def share(entry: dict, key: str) -> str:
+        if f"{key}_s" not in entry:
+            return "—"
+        return f"{1e3 * entry[f'{key}_s']:.2f} ms, {100 * entry[f'{key}_share_of_step']:.1f}%"
+
+    rows = []
+    for e in result["entries"]:
+        skip = (f"{e['skip_cost_ratio']:.3f} / {e['skip_read_vote_cost_ratio']:.3f}"
+                if "skip_cost_ratio" in e else "—")
+        rows.append([
+            f"{e['framework']}, {e['model']}, {e['controller']}",
+            f"{e['baseline']}: {ms(e['median_step_s'][e['baseline']])}",
+            ms(e["median_step_s"]["hvdtrain"]), ratio(e, "hvdtrain"),
+            ratio(e, "hvdtrain_unchecked"), ratio(e, "hvdtrain_overlap"),
+            share(e, "check"), share(e, "dot_check"), share(e, "read_check"), skip])
+    return markdown_table(
+        ["framework, model, controller", "baseline", "hvdtrain", "ratio (95% CI)",
+         "check_nonfinite=False ratio", "overlap=True ratio", "the check alone",
+         "torch: bound by `dot` after the copy", "the old check (read the averaged gradients)",
+         "torch: skip_nonfinite=True step / default: with the bound / old"], rows)

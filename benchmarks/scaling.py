@@ -20,7 +20,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common import concurrent_results, horovod_result, interleaved, median, pyplot, write_result
+from common import (
+    concurrent_results,
+    horovod_result,
+    interleaved,
+    markdown_table,
+    median,
+    pyplot,
+    write_result,
+)
 
 MODELS = ("conv", "convdense", "wide")
 CONV_NETS = ("conv", "convdense")
@@ -120,3 +128,27 @@ def targets(summary: dict) -> list[tuple[str, bool]]:
                 f"{model['machine_ceiling_efficiency']:.3f}; compute then the allreduce "
                 f"alone would give {bound:.3f})", efficiency >= TARGET_EFFICIENCY))
     return verdicts
+
+
+def tables(result: dict) -> str:
+    """The report's table (Markdown) from ``scaling.json``."""
+    rows = []
+    for name, m in result["models"].items():
+        rows.append([
+            name, f"{m['parameters'] / 1e6:.2f} M ({m['parameter_tensors']})",
+            f"{m['samples_per_s_1_rank']:.0f} samples/s",
+            *(f"{m[c]['scaling_efficiency']:.2f}" for c in CONTROLLERS),
+            f"{m[BUCKETS]['scaling_efficiency']:.2f}" if BUCKETS in m else "—",
+            f"{m['machine_ceiling_efficiency']:.2f}",
+            _per_controller(m, "median_allreduce_alone_s", "{:.2f}", scale=1e3) + " ms",
+            _per_controller(m, "efficiency_bound_without_overlap", "{:.2f}"),
+            _per_controller(m, "allreduce_wait_share_2_ranks", "{:.0f}%", scale=100)])
+    return markdown_table(
+        ["model", "parameters (tensors)", "1 rank", "efficiency Gloo", "efficiency MPI",
+         "Gloo, 2 buckets overlapping", "machine ceiling", "allreduce alone Gloo / MPI",
+         "bound without overlap Gloo / MPI", "allreduce wait Gloo / MPI"], rows)
+
+
+def _per_controller(model: dict, key: str, form: str, scale: float = 1.0) -> str:
+    """``model``'s ``key`` under each controller, "gloo / mpi"."""
+    return " / ".join(form.format(scale * model[c][key]) for c in CONTROLLERS)

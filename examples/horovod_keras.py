@@ -7,7 +7,7 @@ the rate by the number of workers, wrap the optimizer, broadcast from rank 0, av
 the metrics, warm the rate up, checkpoint on rank 0, print on rank 0), on
 scikit-learn's digits. Only the import differs from a Horovod script: Horovod's own
 Keras module does not average gradients on Keras 3; hvdtrain's, under the same
-names, does (README, "Coming from horovod.tensorflow.keras").
+names, does (docs/keras.md, "Coming from horovod.tensorflow.keras").
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Every step allocates and frees the same large buffers (activations, gradients, the flat
 copy sent to the allreduce). glibc's ``malloc`` hands large freed blocks back to the
 kernel (``munmap``, or trimming the top of the heap), so the next step gets fresh pages
-and takes a page fault for each 4 KiB it touches, every step (README.md, "Benchmarks",
+and takes a page fault for each 4 KiB it touches, every step (benchmarks/README.md,
 has what that costs). PyTorch's CPU tensors and TensorFlow's both go through
 ``malloc``. :func:`keep_freed_memory` raises glibc's limits once per process, so freed
 blocks stay in the heap and are reused; a process's memory then stays at its peak, as

@@ -6,9 +6,10 @@ Python objects. Each adapter has one: :class:`HorovodCollective` over ``horovod.
 (the torch adapter, which adds one per Horovod process set) or over the Horovod that
 matches Keras's backend (the Keras and TensorFlow adapters), and an mpi4py
 communicator's in the NumPy adapter. The core's functions that need every rank take
-it: :func:`require_initialized`, :func:`gather` (under :mod:`hvdtrain.watchdog`),
-:func:`on_rank0_for_all`, :func:`hvdtrain.consistency.check_ranks_agree`,
-:func:`hvdtrain.replicas.verify_checksums` and :func:`hvdtrain.metrics.average_over_ranks`.
+it: :func:`require_initialized`, :func:`gather` and :func:`broadcast` (both under
+:mod:`hvdtrain.watchdog`), :func:`on_rank0_for_all`,
+:func:`hvdtrain.consistency.check_ranks_agree`, :func:`hvdtrain.replicas.verify_checksums`
+and :func:`hvdtrain.metrics.average_over_ranks`.
 
 >>> class Alone:  # one worker, as a test double or a script without a launcher
 ...     init_call = "init()"
@@ -101,6 +102,13 @@ def gather(collective: Collective, value: Any, name: str) -> list[Any]:
         return collective.allgather_object(value, name)
 
 
+def broadcast(collective: Collective, value: Any, name: str, root_rank: int = 0) -> Any:
+    """``root_rank``'s picklable ``value`` on every worker, while the collective watchdog
+    watches the wait; ``name`` pairs the call across workers."""
+    with guard(f"the broadcast of {name} from rank {root_rank}"):
+        return collective.broadcast_object(value, root_rank, name)
+
+
 def on_rank0_for_all(collective: Collective, action: Callable[[], _Result], what: str,
                      name: str) -> _Result | None:
     """Run ``action`` on rank 0 only and raise its failure on every rank.
@@ -126,7 +134,7 @@ def on_rank0_for_all(collective: Collective, action: Callable[[], _Result], what
             result = action()
         except Exception as failure:
             error = f"{type(failure).__name__}: {failure}"
-    error = collective.broadcast_object(error, 0, name)
+    error = broadcast(collective, error, name)
     if error:
         raise RuntimeError(f"rank 0 could not {what}: {error}")
     return result

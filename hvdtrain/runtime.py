@@ -12,7 +12,7 @@ with ``horovodrun --stall-check-warning-time-seconds N
 
 Horovod runs its check once per check time and its shutdown comes later than the
 setting, so :mod:`hvdtrain.watchdog` usually ends the job; under Gloo the check never
-runs, and only the watchdog does. README.md ("When things go wrong") has the timings.
+runs, and only the watchdog does. docs/failures.md has the timings.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from hvdtrain import allocator, horovod_patches, watchdog
 RUNTIME_DEFAULTS = {
     "HOROVOD_STALL_CHECK_TIME_SECONDS": "10",
     "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "30",
-    # Speed (README, "Benchmarks"). Open MPI's waits spin on the core by default; a rank's
+    # Speed (benchmarks/README.md). Open MPI's waits spin on the core by default; a rank's
     # background thread spinning for the other rank takes that core from its own backward
     # pass whenever the ranks have no spare core. Yielding leaves it to the compute.
     "OMPI_MCA_mpi_yield_when_idle": "1",
@@ -38,7 +38,7 @@ RUNTIME_DEFAULTS = {
 IDLE_WAIT_DEFAULTS = {"HVDTRAIN_IDLE_WAIT_MS": "100"}
 # Only where no accelerator is visible, and only with the idle wait. With it an idle rank
 # runs no cycles, so the cycle time only paces the negotiation of tensors already sent:
-# a short one answers sooner (README, "Benchmarks"). Without it a 0.1 ms cycle would
+# a short one answers sooner (benchmarks/README.md). Without it a 0.1 ms cycle would
 # make an idle rank synchronise ten times as often (measured under Gloo on a build
 # without the patch: 1.14 s of CPU per idle 3 s against 0.15 s at 1 ms). On GPUs, where
 # allreduces overlap the backward pass and the cycle decides how many gradients are
@@ -46,8 +46,8 @@ IDLE_WAIT_DEFAULTS = {"HVDTRAIN_IDLE_WAIT_MS": "100"}
 CPU_ONLY_DEFAULTS = {"HOROVOD_CYCLE_TIME": "0.1"}
 # Only in elastic jobs (Gloo). When a worker dies, a survivor whose Gloo receive was
 # waiting on a live peer (not the dead one) notices only when the receive times out,
-# 30 s by default: that wait is the whole time to recover (README, "Elastic
-# training"). Horovod's Gloo collectives run only once every rank is ready, so a
+# 30 s by default: that wait is the whole time to recover (docs/elastic.md).
+# Horovod's Gloo collectives run only once every rank is ready, so a
 # healthy receive takes milliseconds; the rendezvous that admits a new worker is not
 # bound by it.
 ELASTIC_DEFAULTS = {"HOROVOD_GLOO_TIMEOUT_SECONDS": "10"}
@@ -55,7 +55,7 @@ ELASTIC_DEFAULTS = {"HOROVOD_GLOO_TIMEOUT_SECONDS": "10"}
 # launcher's environment: `eval "$(hvdtrain env)"` puts them there. Open MPI's daemons
 # talk over TCP links whose default keepalive notices a dead network only after
 # minutes; these make mpirun notice a lost host within a minute and end the job
-# (README, "When things go wrong"). A healthy but quiet job is unaffected: the
+# (docs/failures.md). A healthy but quiet job is unaffected: the
 # peer's kernel answers the probes.
 LAUNCHER_DEFAULTS = {
     "OMPI_MCA_oob_tcp_keepalive_time": "10",

@@ -42,7 +42,8 @@ from __future__ import annotations
 import itertools
 from bisect import bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from hvdtrain.validation import is_finite_number, require_positive_int, require_positive_number
 
@@ -153,43 +154,6 @@ class LinearScalingSchedule:
             return self._rate(epoch, self.warmup_epochs, int(epoch))
         return self._rate(None, None, int(epoch))
 
-    def samples_seen(self, step: int, resized_at: tuple[int, int] | None = None) -> int:
-        """Examples consumed over all workers by the first ``step`` optimizer steps.
-
-        Args:
-            step: optimizer steps taken so far.
-            resized_at: ``(step, samples seen)`` when the number of workers last
-                changed to this schedule's ``world_size``; None when it never changed.
-
-        Returns:
-            The samples seen: each step since the change counts this schedule's
-            global batch.
-        """
-        if resized_at is None:
-            return step * self.global_batch_size
-        resized_step, resized_samples = resized_at
-        return resized_samples + (step - resized_step) * self.global_batch_size
-
-    def lr_at_progress(self, step: int, resized_at: tuple[int, int] | None,
-                       samples_per_epoch: int) -> float:
-        """The rate of optimizer step ``step`` in a run whose number of workers may
-        have changed (an elastic job, or a checkpoint resumed on another world size).
-
-        Args:
-            step: the step (0-based), counted from the start of training.
-            resized_at: as in :meth:`samples_seen`; None means the world size never
-                changed and the rate is exactly :meth:`lr_at`.
-            samples_per_epoch: the examples in one epoch of the data set.
-
-        Returns:
-            ``lr_at(step)`` before any change; after one, :meth:`lr_at_epoch` at
-            samples seen / ``samples_per_epoch``, so the warmup keeps its length in
-            epochs and milestones stay at their epochs.
-        """
-        if resized_at is None:
-            return self.lr_at(step)
-        return self.lr_at_epoch(self.samples_seen(step, resized_at) / samples_per_epoch)
-
     def _rate(self, ramp_done: float | None, ramp_length: float | None, epoch: int) -> float:
         """The rule itself: η plus ``ramp_done / ramp_length`` of the way to kη (kη once
         the ramp is over: ``None``), times ``gamma`` per milestone up to ``epoch``."""
@@ -210,6 +174,94 @@ class LinearScalingSchedule:
             last = first + self.steps_per_epoch - 1
             rows.append(EpochRow(epoch, first, last, self.lr_at(first), self.lr_at(last)))
         return rows
+
+
+@dataclass(frozen=True)
+class WarmupProgress:
+    """Where a run stands in the rule when its number of workers can change.
+
+    An elastic job that shrinks or grows, or a checkpoint resumed on another world
+    size, keeps its place in epochs: the samples seen so far over ``samples_per_epoch``
+    (fixed when training began). Until the first change the rate is exactly the step
+    rule (:meth:`LinearScalingSchedule.lr_at`); after one it is
+    :meth:`LinearScalingSchedule.lr_at_epoch` for the new k at that point, so the warmup
+    keeps its length in epochs and milestones stay at their epochs. The torch
+    scheduler and the Keras callback both keep their progress in one of these.
+
+    Args:
+        schedule: the rule at the current world size.
+        samples_per_epoch: the examples in one epoch of the data set, as the schedule
+            counts them (steps per epoch x global batch when training began).
+        resized_at: ``(step, samples seen)`` when the number of workers last changed
+            to ``schedule.world_size``; None when it never changed.
+
+    Example::
+
+        >>> from hvdtrain.schedule import LinearScalingSchedule, WarmupProgress
+        >>> s = LinearScalingSchedule(base_lr=0.1, batch_size_per_worker=64, world_size=8,
+        ...                           steps_per_epoch=100)
+        >>> progress = WarmupProgress.begin(s).resized(step=250, world_size=6)
+        >>> progress.samples_seen(260), round(progress.lr_at(260), 6)
+        (131840, 0.12575)
+    """
+
+    schedule: LinearScalingSchedule
+    samples_per_epoch: int
+    resized_at: tuple[int, int] | None = None
+
+    @classmethod
+    def begin(cls, schedule: LinearScalingSchedule) -> WarmupProgress:
+        """The progress at the start of training under ``schedule``."""
+        return cls(schedule, schedule.steps_per_epoch * schedule.global_batch_size)
+
+    @property
+    def world_size(self) -> int:
+        """The number of workers the rule counts now."""
+        return self.schedule.world_size
+
+    def samples_seen(self, step: int) -> int:
+        """Examples consumed over all workers by the first ``step`` optimizer steps:
+        each step since the last change counts the current global batch."""
+        if self.resized_at is None:
+            return step * self.schedule.global_batch_size
+        resized_step, resized_samples = self.resized_at
+        return resized_samples + (step - resized_step) * self.schedule.global_batch_size
+
+    def lr_at(self, step: int, base_lr: float | None = None) -> float:
+        """The rate of optimizer step ``step`` (counted from the start of training).
+
+        Args:
+            step: the step, 0-based.
+            base_lr: η for this rate, when it is not the schedule's (torch gives each
+                param group its own).
+        """
+        schedule = self.schedule if base_lr is None else replace(self.schedule, base_lr=base_lr)
+        if self.resized_at is None:
+            return schedule.lr_at(step)
+        return schedule.lr_at_epoch(self.samples_seen(step) / self.samples_per_epoch)
+
+    def resized(self, step: int, world_size: int) -> WarmupProgress:
+        """The progress after the number of workers becomes ``world_size`` at ``step``."""
+        require_positive_int("world_size", world_size)
+        if world_size == self.world_size:
+            return self
+        return WarmupProgress(replace(self.schedule, world_size=world_size),
+                              self.samples_per_epoch, (step, self.samples_seen(step)))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The progress as plain values (what a checkpoint or an elastic sync carries)."""
+        return {"world_size": self.world_size, "samples_per_epoch": self.samples_per_epoch,
+                "resized_at": self.resized_at}
+
+    @classmethod
+    def from_state_dict(cls, schedule: LinearScalingSchedule,
+                        state: dict[str, Any]) -> WarmupProgress:
+        """The progress in ``state`` (from :meth:`state_dict`) of a run configured as
+        ``schedule`` (whose world size is taken from ``state``)."""
+        resized_at = state["resized_at"]
+        return cls(replace(schedule, world_size=state["world_size"]),
+                   state["samples_per_epoch"],
+                   tuple(resized_at) if resized_at is not None else None)
 
 
 def _validated_milestones(milestones: Sequence[int]) -> tuple[int, ...]:

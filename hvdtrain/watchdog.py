@@ -25,7 +25,7 @@ watchdog off). It must exceed the longest time one rank can legitimately wait fo
 others, e.g. while rank 0 alone evaluates or writes a checkpoint. The default is
 longer than Horovod's stall check with hvdtrain's defaults (:mod:`hvdtrain.runtime`), so
 that under MPI Horovod's report of the missing ranks comes first, and short enough
-that a stalled job ends within a minute (README, "When things go wrong").
+that a stalled job ends within a minute (docs/failures.md).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 # or current-TensorFlow build needs, into a wheel. No root, no apt: it uses the
 # compilers, cmake and MPI on PATH and the interpreter in PYTHON. scripts/setup.sh and
 # scripts/gpu-check.sh build through it; in your own venv or conda environment,
-# `scripts/build-horovod.sh --install` is the whole Horovod install (README, "Installing
+# `scripts/build-horovod.sh --install` is the whole Horovod install (docs/setup.md, "Installing
 # into your own environment").
 #
 #   scripts/build-horovod.sh [--stock] --install    build the wheel (or take it from the

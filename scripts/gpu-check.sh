@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # hvdtrain on an NVIDIA GPU: builds Horovod with CUDA and NCCL and runs hvdtrain's torch
-# checks on CUDA tensors, one summary line per check (README, "GPUs and NCCL").
+# checks on CUDA tensors, one summary line per check (docs/setup.md, "GPUs and NCCL").
 #
 #   scripts/gpu-check.sh --fetch       (with network) put the Horovod source in .gpu-check/
 #   scripts/gpu-check.sh [--dry-run]   the check; --dry-run (and any machine without a GPU,

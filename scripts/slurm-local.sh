@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A real one-node Slurm cluster on this machine, for trying and testing hvdtrain's Slurm
-# launches (README, "On a Slurm cluster"). Debian's slurm-wlm and munge; needs root.
+# launches (docs/clusters.md, "On a Slurm cluster"). Debian's slurm-wlm and munge; needs root.
 #
 #   scripts/slurm-local.sh start DIR   write DIR/slurm.conf, start munged (unless one
 #                                      runs), slurmctld and slurmd; wait until the node

@@ -190,7 +190,7 @@ def check_shrink(worker: str, tmp_path, *, victim: int = 2, ssh: SshHosts | None
     assert after["lr"] == pytest.approx(0.065, rel=1e-12)
     # hvdtrain's elastic default reached the workers: a survivor waiting on a live peer
     # gives up after 10 s instead of Gloo's 30 (over the stand-in the recovery is mostly
-    # that wait; the README's failure table has the measured times, printed here).
+    # that wait; docs/failures.md has the measured times, printed here).
     assert {r["gloo_timeout"] for r in reports if r["scenario"] == "done"} == {
         ELASTIC_DEFAULTS["HOROVOD_GLOO_TIMEOUT_SECONDS"]}
     if ssh is not None:  # every worker ran on a host of its own

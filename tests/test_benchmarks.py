@@ -33,3 +33,15 @@ def test_benchmark_smoke_run_writes_its_report_and_plot(name):
     assert keys <= set(report)
     assert (folder / f"{stem}.png").stat().st_size > 0
     assert "targets:" in done.stdout
+    page = (folder / "README.md").read_text()  # benchmarks/README.md rendered from this run
+    block = page.split(f"<!-- generated: {name} -->\n", 1)[1].split("<!-- end generated -->")[0]
+    assert block.startswith("|") or block.split(":\n\n", 1)[1].startswith("|"), block
+
+
+def test_the_benchmark_pages_match_the_committed_results():
+    """The tables in benchmarks/README.md and the README's summary are generated from
+    benchmarks/results/*.json; a hand edit or a result committed without regenerating
+    them fails here."""
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "report.py"), "--check"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-5000:] + done.stderr

@@ -134,3 +134,32 @@ def test_make_docs_builds_a_page_per_public_module(tmp_path):
             "hvdtrain.adapters.keras.callbacks"} <= expected
     assert expected <= pages, expected - pages
     assert shlex.join(DOCS_COMMAND[2:]) in (REPO / "Makefile").read_text()
+
+
+# The guides: README.md, docs/*.md and benchmarks/README.md link to each other and to
+# files of the repository by relative paths, some with a heading's anchor.
+GUIDES = [REPO / "README.md", REPO / "benchmarks" / "README.md",
+          *sorted((REPO / "docs").glob("*.md"))]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives the headings of ``markdown``: lower case, punctuation
+    but hyphens dropped, spaces as hyphens."""
+    headings = re.findall(r"^#+ (.+)$", markdown, re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+
+
+@pytest.mark.parametrize("guide", GUIDES, ids=lambda path: str(path.relative_to(REPO)))
+def test_every_link_in_the_guides_leads_somewhere(guide):
+    broken = []
+    for target in LINK.findall(guide.read_text()):
+        if re.match(r"[a-z]+:", target):
+            continue  # a web address
+        path, _, anchor = target.partition("#")
+        file = (guide.parent / path).resolve() if path else guide
+        if not file.exists():
+            broken.append(f"{target}: no file {file.relative_to(REPO)}")
+        elif anchor and file.suffix == ".md" and anchor not in anchors(file.read_text()):
+            broken.append(f"{target}: no heading with that anchor in {file.name}")
+    assert not broken, f"{guide.relative_to(REPO)}: broken links:\n" + "\n".join(broken)

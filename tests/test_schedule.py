@@ -1,10 +1,11 @@
 """hvdtrain.schedule against Goyal et al. 2017's rules, computed independently here."""
 
+import json
 import math
 
 import pytest
 
-from hvdtrain.schedule import LinearScalingSchedule
+from hvdtrain.schedule import LinearScalingSchedule, WarmupProgress
 
 # The paper's 8k run: eta = 0.1 for 256, 8192 = 32 per worker x 256 workers.
 PAPER = dict(base_lr=0.1, batch_size_per_worker=32, world_size=256, steps_per_epoch=156)
@@ -170,16 +171,35 @@ def test_the_rule_in_epochs_after_a_change_of_world_size():
 def test_progress_is_the_step_rule_until_a_resize_then_the_rule_at_the_samples_seen():
     """256 workers x 32 for 390 steps (of 156 per epoch), then 192 workers: samples and
     rates written out from the definitions."""
-    before, after = paper_schedule(), paper_schedule(world_size=192)
+    before = WarmupProgress.begin(paper_schedule())
     per_epoch = 156 * 256 * 32
+    assert before.samples_per_epoch == per_epoch and before.resized_at is None
     assert before.samples_seen(390) == 390 * 8192
-    assert before.lr_at_progress(390, None, per_epoch) == before.lr_at(390)
-    resized_at = (390, 390 * 8192)
-    assert after.samples_seen(400, resized_at) == 390 * 8192 + 10 * 192 * 32
+    assert before.lr_at(390) == paper_schedule().lr_at(390)
+    assert before.lr_at(390, base_lr=0.2) == paper_schedule(base_lr=0.2).lr_at(390)
+    after = before.resized(390, 192)
+    assert after.resized_at == (390, 390 * 8192) and after.world_size == 192
+    assert after.samples_seen(400) == 390 * 8192 + 10 * 192 * 32
     epoch = (390 * 8192 + 10 * 6144) / per_epoch
     k = 32 * 192 / 256
-    assert after.lr_at_progress(400, resized_at, per_epoch) == pytest.approx(
-        0.1 + (k * 0.1 - 0.1) * epoch / 5, rel=1e-12)
+    assert after.lr_at(400) == pytest.approx(0.1 + (k * 0.1 - 0.1) * epoch / 5, rel=1e-12)
+    assert after.lr_at(400, base_lr=0.2) == pytest.approx(2 * after.lr_at(400), rel=1e-12)
+    assert before.resized(390, 256) is before
+
+
+def test_progress_round_trips_through_plain_values():
+    """What a checkpoint or an elastic sync carries (JSON turns the tuple into a list)."""
+    progress = WarmupProgress.begin(paper_schedule()).resized(390, 192)
+    state = json.loads(json.dumps(progress.state_dict()))
+    assert state == {"world_size": 192, "samples_per_epoch": 156 * 256 * 32,
+                     "resized_at": [390, 390 * 8192]}
+    assert WarmupProgress.from_state_dict(paper_schedule(), state) == progress
+
+
+@pytest.mark.parametrize("world_size", [0, -1, 2.5, True])
+def test_progress_rejects_a_world_size_that_is_not_one(world_size):
+    with pytest.raises(ValueError, match="world_size"):
+        WarmupProgress.begin(paper_schedule()).resized(10, world_size)
 
 
 @pytest.mark.parametrize("epoch", [-0.5, math.nan, math.inf, True, "1"])

@@ -7,7 +7,7 @@ from the first host, with ``--ssh-identity-file``.
 - Horovod elastic (torch), the four scenarios of tests/elastic_jobs.py:
   lose a worker, lose rank 0, gain a worker, fall below ``--min-np`` (the job must end
   non-zero within the elastic timeout plus 60 s, leaving no worker behind). The
-  recovery times printed here are the README's failure-table figures.
+  recovery times printed here are the figures of docs/failures.md.
 
 Skipped, saying why, where hosts cannot be made (no root, no sshd: scripts/setup.sh
 installs openssh-server). Marked ``cluster``: ``pytest -m "not cluster"`` leaves them

@@ -1,4 +1,4 @@
-"""The install without root (README, "Installing into your own environment"), done as a
+"""The install without root (docs/setup.md, "Installing into your own environment"), done as a
 user would do it: an ordinary (non-root) account, a fresh venv that already has the
 frameworks (as a conda or module environment has), a copy of the checkout, then
 

@@ -156,7 +156,7 @@ def allreduce_mean(array: Any) -> np.ndarray:
         data = data.astype(np.int64)
     total = np.empty_like(data)
     with watchdog.guard("allreduce_mean's Allreduce"):
-        _comm().Allreduce(data, total, op=_mpi().SUM)
+        _comm().Allreduce(data, total)  # mpi4py's default op: MPI.SUM
     if np.issubdtype(total.dtype, np.floating):
         total /= size()
         return total
@@ -244,7 +244,7 @@ class DistributedSGD:
         flat = np.concatenate([np.asarray(g, dtype=self._wire_dtype).reshape(-1) for g in grads])
         total = np.empty_like(flat)
         with watchdog.guard(f"the gradient Allreduce of step {self.steps_taken}"):
-            _comm().Allreduce(flat, total, op=_mpi().SUM)
+            _comm().Allreduce(flat, total)
         total /= size()
         pieces = np.split(total, np.cumsum([p.size for p in self.params])[:-1])
         return [piece.reshape(p.shape).astype(p.dtype, copy=False)

@@ -216,7 +216,7 @@ def test_loss_scaling_is_distributed_when_asked_for_and_a_late_policy_is_refused
 
 def test_horovods_names_keep_horovods_meaning(keras_run):
     """The Horovod-named callbacks and DistributedOptimizer arguments (the intents of
-    Horovod's test_tensorflow2_keras.py, whose own code needs Keras 2; README, "Coming
+    Horovod's test_tensorflow2_keras.py, whose own code needs Keras 2; docs/keras.md, "Coming
     from Horovod")."""
     rank0, rank1 = keras_run.both("horovod_api")
     expected = [horovod_rate(epoch, batch) for epoch in range(EPOCHS)

@@ -18,7 +18,7 @@ import hvdtrain.adapters.torch as hvt
 from hvdtrain import horovod_patches, runtime
 from hvdtrain.launch import CONTROLLERS
 
-# hvdtrain's own versions (README, "Coming from Horovod"); elastic is a module.
+# hvdtrain's own versions (docs/torch.md, "Coming from horovod.torch"); elastic is a module.
 OURS = {"init", "DistributedOptimizer"}
 PUBLIC = sorted(name for name in dir(horovod_torch) if not name.startswith("_")
                 and not isinstance(getattr(horovod_torch, name), types.ModuleType))

@@ -43,7 +43,7 @@ Coming from Horovod: ``import hvdtrain.adapters.keras as hvd`` in place of
 ``horovod.tensorflow.keras`` (or ``horovod.keras``) gives Horovod's names too:
 ``hvd.callbacks.BroadcastGlobalVariablesCallback`` and the other callbacks, the
 ``DistributedOptimizer`` arguments, ``hvd.elastic``'s state and callbacks, the
-collectives. The README's "Coming from Horovod" lists what differs.
+collectives. docs/keras.md, "Coming from horovod.tensorflow.keras", lists what differs.
 
 Rank-0 patterns: give ``verbose=1`` (the progress bar) and callbacks that write
 files, such as ``TensorBoard``, to rank 0 only (hvdtrain's :class:`ModelCheckpoint`

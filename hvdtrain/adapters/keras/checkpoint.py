@@ -20,7 +20,7 @@ import keras
 from hvdtrain.adapters.keras import backend
 from hvdtrain.adapters.keras.optimizer import make_distributed
 from hvdtrain.checkpoint import atomic_path, require_checkpoint_file
-from hvdtrain.collective import on_rank0_for_all, require_initialized
+from hvdtrain.collective import broadcast, on_rank0_for_all, require_initialized
 from hvdtrain.validation import require_instance
 
 __all__ = ["load_model", "save_model", "write_model"]
@@ -81,13 +81,12 @@ def load_model(path: str | os.PathLike[str], custom_optimizers: list[type] | Non
                       **{cls.__name__: cls for cls in custom_optimizers or ()}}
     if custom_objects:
         load_kwargs["custom_objects"] = custom_objects
-    hvd = backend.horovod()
-    if hvd.is_initialized() and hvd.size() > 1:
-        data = on_rank0_for_all(backend.collective(),
-                                lambda: require_checkpoint_file(path).read_bytes(),
+    collective = backend.collective()
+    if collective.is_initialized() and collective.size() > 1:
+        data = on_rank0_for_all(collective, lambda: require_checkpoint_file(path).read_bytes(),
                                 f"read checkpoint {os.fspath(path)}",
                                 "hvdtrain.keras_checkpoint.checked")
-        data = hvd.broadcast_object(data, root_rank=0, name="hvdtrain.keras_checkpoint.bytes")
+        data = broadcast(collective, data, "hvdtrain.keras_checkpoint.bytes")
         with tempfile.TemporaryDirectory(prefix="hvdtrain-load-") as folder:
             copy = Path(folder) / Path(path).name
             copy.write_bytes(data)

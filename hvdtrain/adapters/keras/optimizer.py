@@ -93,7 +93,7 @@ def DistributedOptimizer(
             gradient holds a NaN or Inf (on TensorFlow's CPU, a bound reduced with the
             gradients, :mod:`hvdtrain.adapters.keras.tally`; otherwise one sum of the
             averaged gradients; either way they are read exactly only when that number
-            is not finite; the cost is in README.md, "Benchmarks"); False applies such
+            is not finite; the cost is in benchmarks/README.md); False applies such
             an update, as Horovod does.
 
     Mixed precision: under the ``mixed_float16`` policy (set before this call), or given

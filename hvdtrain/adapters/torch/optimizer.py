@@ -84,14 +84,14 @@ def DistributedOptimizer(
             copied, travels with them and bounds the average, so the averaged
             gradients are read only when that bound is not finite and small enough
             (with per-tensor allreduces they are always read; the costs are in
-            README.md, "Benchmarks"); pass False to drop it.
+            benchmarks/README.md); pass False to drop it.
         overlap: True starts each gradient's allreduce during ``backward()``, to
             overlap communication with the rest of the backward pass; False sends all
             gradients in one allreduce (per dtype) after it. None (default) overlaps when
             the parameters live on an accelerator and groups otherwise: on the CPU the
             allreduce needs the very cores the backward pass is using, so starting it
             early only interleaves the two and adds a synchronisation with the other
-            ranks per tensor (README.md, "Benchmarks", measures both). ``groups`` and
+            ranks per tensor (benchmarks/README.md, measures both). ``groups`` and
             ``compression="bf16"`` imply per-tensor allreduces. After a rank called
             ``join()`` the average is over the ranks that sent gradients, on both paths
             (Horovod's per-tensor average divides by every rank; here a count of the

@@ -73,7 +73,7 @@ def broadcast_state(
             "scheduler": scheduler.state_dict() if scheduler is not None and is_root else None,
             "extra": dict(extra or {}) if is_root else None,
         }
-        header = _hvd.broadcast_object(header, root_rank=root_rank, name="hvdtrain.state.header")
+        header = COLLECTIVE.broadcast_object(header, root_rank, "hvdtrain.state.header")
         if optimizer is not None:
             if not is_root:
                 optimizer_state = map_leaves(header["optimizer"], _empty_for)

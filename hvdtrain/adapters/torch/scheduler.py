@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
@@ -18,10 +19,14 @@ from hvdtrain.schedule import (
     DEFAULT_GAMMA,
     DEFAULT_WARMUP_EPOCHS,
     LinearScalingSchedule,
+    WarmupProgress,
 )
-from hvdtrain.validation import require_positive_int, require_same_world_size
+from hvdtrain.validation import require_same_world_size
 
 __all__ = ["LinearScalingWarmup"]
+
+# What state_dict() holds of the WarmupProgress, beside torch's own keys.
+PROGRESS_KEYS = ("world_size", "samples_per_epoch", "resized_at")
 
 
 class LinearScalingWarmup(torch.optim.lr_scheduler.LRScheduler):
@@ -85,14 +90,10 @@ class LinearScalingWarmup(torch.optim.lr_scheduler.LRScheduler):
             warmup_epochs=warmup_epochs, milestones=tuple(milestones), gamma=gamma,
             backward_passes_per_step=backward_passes_per_step,
         )
-        # Validate now, with a placeholder η, so a bad argument fails here, not at step 0.
-        schedule = LinearScalingSchedule(base_lr=1.0, world_size=world_size,
-                                         **self._schedule_arguments)
-        self.world_size = world_size
-        self.samples_per_epoch = steps_per_epoch * schedule.global_batch_size
-        # (step, samples seen) when the world size last changed; None: it never did,
-        # and the rate is the step rule (lr_at), exactly as without elasticity.
-        self.resized_at: tuple[int, int] | None = None
+        # η is per param group (lr_at's base_lr); 1.0 stands in for it in the schedule,
+        # which also validates the arguments now rather than at step 0.
+        self.progress = WarmupProgress.begin(
+            LinearScalingSchedule(base_lr=1.0, world_size=world_size, **self._schedule_arguments))
         rates = [group.get("initial_lr", group["lr"]) for group in optimizer.param_groups]
         if not any(float(rate) > 0 for rate in rates):
             raise ValueError(
@@ -107,43 +108,49 @@ class LinearScalingWarmup(torch.optim.lr_scheduler.LRScheduler):
 
     def schedule_for(self, base_lr: float) -> LinearScalingSchedule:
         """The schedule one param group follows, given its η (at the current world size)."""
-        return LinearScalingSchedule(base_lr=base_lr, world_size=self.world_size,
-                                     **self._schedule_arguments)
+        return dataclasses.replace(self.progress.schedule, base_lr=base_lr)
+
+    @property
+    def world_size(self) -> int:
+        """The number of workers the rule counts now."""
+        return self.progress.world_size
+
+    @property
+    def resized_at(self) -> tuple[int, int] | None:
+        """``(step, samples seen)`` when the world size last changed; None if never."""
+        return self.progress.resized_at
 
     @property
     def samples_seen(self) -> int:
         """Examples consumed by the optimizer steps taken so far, over all workers."""
-        return self.schedule_for(1.0).samples_seen(max(self.last_epoch, 0), self.resized_at)
+        return self.progress.samples_seen(max(self.last_epoch, 0))
 
     def set_world_size(self, world_size: int) -> None:
         """Continue with k for ``world_size`` workers from the samples seen so far.
 
         From here on each step counts ``world_size`` workers' batches, and the rate is
         the rule for the new k at the current point of training in epochs
-        (:meth:`hvdtrain.schedule.LinearScalingSchedule.lr_at_epoch`): the warmup still
-        ends after ``warmup_epochs`` epochs and milestones stay at their epochs. Called
-        by ``hvdtrain.adapters.torch.elastic.TorchState`` after every reset; call it
+        (:class:`hvdtrain.schedule.WarmupProgress`): the warmup still ends after
+        ``warmup_epochs`` epochs and milestones stay at their epochs. Called by
+        ``hvdtrain.adapters.torch.elastic.TorchState`` after every reset; call it
         yourself after loading a checkpoint written by a different number of workers.
         """
-        require_positive_int("world_size", world_size)
-        if world_size == self.world_size:
-            return
-        self.resized_at = (max(self.last_epoch, 0), self.samples_seen)
-        self.world_size = world_size
-        self._apply_rates()
+        progress = self.progress.resized(max(self.last_epoch, 0), world_size)
+        if progress is not self.progress:
+            self.progress = progress
+            self._apply_rates()
 
     def get_lr(self) -> list[float]:
         """Each param group's rate for the current step (torch's scheduler protocol)."""
         step = max(self.last_epoch, 0)
-        return [self.schedule_for(eta).lr_at_progress(step, self.resized_at,
-                                                      self.samples_per_epoch)
-                if eta > 0 else 0.0 for eta in self.base_lrs]
+        return [self.progress.lr_at(step, eta) if eta > 0 else 0.0 for eta in self.base_lrs]
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume the progress in ``state_dict`` and set the optimizer's rates to it."""
-        super().load_state_dict(state_dict)
-        if isinstance(self.resized_at, list):  # a state that travelled through JSON
-            self.resized_at = tuple(self.resized_at)
+        state = dict(state_dict)
+        progress = {key: state.pop(key) for key in PROGRESS_KEYS}
+        super().load_state_dict(state)
+        self.progress = WarmupProgress.from_state_dict(self.progress.schedule, progress)
         self._apply_rates()
 
     def _apply_rates(self) -> None:
@@ -153,7 +160,9 @@ class LinearScalingWarmup(torch.optim.lr_scheduler.LRScheduler):
         self._last_lr = rates
 
     def state_dict(self) -> dict[str, Any]:
-        """Progress only (not the configuration), so a resumed run keeps its own arguments."""
+        """Progress only, as plain values (a checkpoint loads with ``weights_only=True``),
+        not the configuration, so a resumed run keeps its own arguments."""
         state = super().state_dict()
         state.pop("_schedule_arguments", None)
+        state.update(state.pop("progress").state_dict())
         return state

@@ -17,6 +17,7 @@ from hvdtrain.schedule import (
     DEFAULT_GAMMA,
     DEFAULT_WARMUP_EPOCHS,
     LinearScalingSchedule,
+    WarmupProgress,
 )
 from hvdtrain.validation import require_positive_int
 
@@ -74,16 +75,13 @@ class LinearScalingWarmup(keras.callbacks.Callback):
         self.gamma = gamma
         self.momentum_correction = momentum_correction
         self.base_lr = base_lr
-        self.schedule: LinearScalingSchedule | None = None
+        # Where training stands once it has begun (None before).
+        self.progress: WarmupProgress | None = None
         self._batches_per_epoch = 0
         self._passes = 1
         # Micro-batches trained since training began (the batch about to run, once
-        # on_train_batch_begin has set its rate), and the progress an elastic job keeps:
-        # the number of workers, and (step, samples seen) when it last changed.
+        # on_train_batch_begin has set its rate).
         self._batches_done = 0
-        self.world_size: int | None = None
-        self.resized_at: tuple[int, int] | None = None
-        self.samples_per_epoch: int | None = None  # as the schedule counts them
         # Validate now, with placeholders where fit fills in later, so bad input fails early.
         self._make_schedule(base_lr or 1.0, steps_per_epoch or 1, passes=1)
 
@@ -103,7 +101,7 @@ class LinearScalingWarmup(keras.callbacks.Callback):
     def on_train_begin(self, logs=None) -> None:
         """Fix η and the schedule and check that every rank has the same one."""
         require_initialized(backend.collective(), "LinearScalingWarmup")
-        if self.schedule is not None and elastic_job():
+        if self.progress is not None and elastic_job():
             # A later fit of an elastic job (after a reset, or after a partial epoch), or
             # a worker that joined and was given rank 0's progress: keep the schedule,
             # whatever this fit's epoch length.
@@ -130,10 +128,8 @@ class LinearScalingWarmup(keras.callbacks.Callback):
                     "or pass base_lr=")
         self._passes = optimizer.gradient_accumulation_steps or 1
         self._batches_per_epoch = batches
-        self.schedule = self._make_schedule(self.base_lr, batches, self._passes)
-        self.world_size = self.schedule.world_size
-        self.resized_at = None
-        self.samples_per_epoch = self.schedule.steps_per_epoch * self.schedule.global_batch_size
+        self.progress = WarmupProgress.begin(self._make_schedule(self.base_lr, batches,
+                                                                 self._passes))
         if elastic_job():
             # A worker that joins an elastic job starts this fit later than the others;
             # the elastic state's sync has given it rank 0's schedule and progress.
@@ -162,38 +158,49 @@ class LinearScalingWarmup(keras.callbacks.Callback):
         return self._batches_done // self._passes
 
     @property
+    def schedule(self) -> LinearScalingSchedule | None:
+        """The rule at the current world size (None until training begins)."""
+        return self.progress.schedule if self.progress else None
+
+    @property
+    def world_size(self) -> int | None:
+        """The number of workers the rule counts now (None until training begins)."""
+        return self.progress.world_size if self.progress else None
+
+    @property
+    def resized_at(self) -> tuple[int, int] | None:
+        """``(step, samples seen)`` when the world size last changed; None if never."""
+        return self.progress.resized_at if self.progress else None
+
+    @property
     def lr(self) -> float:
         """The rule's rate for :attr:`step`, at the current world size."""
-        return self.schedule.lr_at_progress(self.step, self.resized_at, self.samples_per_epoch)
+        return self.progress.lr_at(self.step)
 
     @property
     def samples_seen(self) -> int:
         """Examples consumed by the optimizer steps taken so far, over all workers."""
-        return self.schedule.samples_seen(self.step, self.resized_at)
+        return self.progress.samples_seen(self.step)
 
     def set_world_size(self, world_size: int) -> None:
         """Continue with k for ``world_size`` workers from the samples seen so far.
 
         The next batch gets the rule for the new k at that point in epochs
-        (:meth:`hvdtrain.schedule.LinearScalingSchedule.lr_at_progress`), and the
-        momentum is corrected for the change of rate. Called by the elastic
-        ``KerasState`` after every reset.
+        (:class:`hvdtrain.schedule.WarmupProgress`), and the momentum is corrected for
+        the change of rate. Called by the elastic ``KerasState`` after every reset;
+        before training begins there is nothing to continue (``on_train_begin`` takes
+        the world size then).
         """
         require_positive_int("world_size", world_size)
-        if self.schedule is None or world_size == self.world_size:
-            self.world_size = world_size
-            return
-        self.resized_at = (self.step, self.samples_seen)
-        self.world_size = world_size
-        self.schedule = self._make_schedule(self.base_lr, self._batches_per_epoch, self._passes,
-                                            world_size)
+        if self.progress is not None:
+            self.progress = self.progress.resized(self.step, world_size)
 
     def state_dict(self) -> dict[str, Any]:
         """The progress an elastic job commits and syncs (plain Python values)."""
+        progress = self.progress.state_dict() if self.progress else \
+            {"world_size": None, "samples_per_epoch": None, "resized_at": None}
         return {"base_lr": self.base_lr, "batches_per_epoch": self._batches_per_epoch,
-                "passes": self._passes, "batches_done": self._batches_done,
-                "world_size": self.world_size, "resized_at": self.resized_at,
-                "samples_per_epoch": self.samples_per_epoch}
+                "passes": self._passes, "batches_done": self._batches_done, **progress}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (from :meth:`state_dict`, maybe another rank's)."""
@@ -203,11 +210,9 @@ class LinearScalingWarmup(keras.callbacks.Callback):
         self._batches_per_epoch = state["batches_per_epoch"]
         self._passes = state["passes"]
         self._batches_done = state["batches_done"]
-        self.resized_at = tuple(state["resized_at"]) if state["resized_at"] else None
-        self.samples_per_epoch = state["samples_per_epoch"]
-        self.world_size = state["world_size"]
-        self.schedule = self._make_schedule(self.base_lr, self._batches_per_epoch, self._passes,
-                                            self.world_size)
+        schedule = self._make_schedule(self.base_lr, self._batches_per_epoch, self._passes,
+                                       state["world_size"])
+        self.progress = WarmupProgress.from_state_dict(schedule, state)
 
     def _set_rate(self, new: float) -> None:
         set_learning_rate(self.model.optimizer, new, momentum_correction=self.momentum_correction)
