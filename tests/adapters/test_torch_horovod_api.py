@@ -89,11 +89,12 @@ def test_a_process_set_limits_the_average_to_its_ranks(controller, tmp_path):
     run = Run(launch("torch_process_sets.py", str(tmp_path), controller=controller), tmp_path)
     run.require_clean()
     for rank in (0, 1):
-        report = run.report("process_set", rank)
-        assert report["included"] is (rank == 0)
-        assert report["skipped"] == 0
-        assert max_difference(tensors(run, "process_set", rank), own_rows_reference(rank)) \
-            <= 1e-12
+        for scenario in ("process_set", "process_set_sharded"):
+            report = run.report(scenario, rank)
+            assert report["included"] is (rank == 0)
+            assert report["skipped"] == 0
+            assert max_difference(tensors(run, scenario, rank), own_rows_reference(rank)) \
+                <= 1e-12, scenario
     # and the two ranks did train apart (their rows differ)
     assert max_difference(own_rows_reference(0), own_rows_reference(1)) > 1e-3
 

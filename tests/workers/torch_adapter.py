@@ -50,10 +50,11 @@ def parameters(model: torch.nn.Module) -> dict:
 
 
 def train(name: str, kind: str, passes: int = 1, dtype=torch.float64, divide_loss=False,
-          **wrapper) -> None:
+          clip: float | None = None, **wrapper) -> None:
     """20 steps on this rank's shards through DistributedOptimizer + LinearScalingWarmup;
     with ``divide_loss`` each micro-batch's loss is divided by ``passes`` (Horovod's
-    accumulation sums the micro-batches and leaves that to the script)."""
+    accumulation sums the micro-batches and leaves that to the script); with ``clip``
+    the averaged gradients are clipped to that norm between synchronize() and step()."""
     x, y = make_data(dtype=dtype)
     # Rank 0 starts from the reference's weights; rank 1 from others until the broadcast.
     model = make_model(seed=123 if hvt.rank() == 0 else 999, dtype=dtype)
@@ -72,10 +73,19 @@ def train(name: str, kind: str, passes: int = 1, dtype=torch.float64, divide_los
         for micro in range(passes):
             part = rows(step, micro, hvt.rank(), passes)
             (loss_fn(model, x[part], y[part]) / (passes if divide_loss else 1)).backward()
-        optimizer.step()
+        if clip is None:
+            optimizer.step()
+        else:
+            optimizer.synchronize()
+            optimizer.clip_grad_norm_(clip)
+            with optimizer.skip_synchronize():
+                optimizer.step()
         scheduler.step()
         checksums.append(checksum(model))
-    report(name, lrs=lrs, checksums=checksums, overlap=optimizer.overlap)
+    report(name, lrs=lrs, checksums=checksums, overlap=optimizer.overlap,
+           state_sizes=sorted({value.numel() for state in optimizer.state.values()
+                               for value in state.values()
+                               if torch.is_tensor(value) and value.dim() > 0}))
     save(name, parameters(model))
 
 
@@ -376,6 +386,113 @@ def scenario_horovod_api() -> None:
            warnings=[str(warning.message) for warning in caught])
 
 
+def scenario_sharded_checkpoint() -> None:
+    """AdamW, sharded, 3 steps (constant rate) then a checkpoint; the run goes on 3 more
+    steps, and an unsharded optimizer resumes from the file for the same 3 steps; its
+    checkpoint is then resumed sharded again. The test compares the file with one
+    process's optimizer state and the resumed runs with the uninterrupted one."""
+    x, y = make_data()
+    folder = OUT / "sharded_checkpoint"
+    folder.mkdir(exist_ok=True)
+
+    def build(shard: bool):
+        model = make_model(seed=123 if hvt.rank() == 0 else 999)
+        return model, hvt.DistributedOptimizer(make_optimizer("adamw", model.parameters()),
+                                               model.named_parameters(), shard_state=shard)
+
+    def steps(model, optimizer, first: int, count: int) -> None:
+        for step in range(first, first + count):
+            optimizer.zero_grad()
+            part = rows(step, 0, hvt.rank(), 1)
+            loss_fn(model, x[part], y[part]).backward()
+            optimizer.step()
+
+    model, optimizer = build(True)
+    hvt.broadcast_state(model, optimizer)
+    steps(model, optimizer, 0, 3)
+    hvt.save_checkpoint(folder / "sharded.pt", model, optimizer)
+    steps(model, optimizer, 3, 3)
+    straight = parameters(model)
+    unsharded_model, unsharded = build(False)
+    hvt.load_checkpoint(folder / "sharded.pt", unsharded_model, unsharded)
+    steps(unsharded_model, unsharded, 3, 3)
+    hvt.save_checkpoint(folder / "unsharded.pt", unsharded_model, unsharded)
+    resharded_model, resharded = build(True)
+    hvt.load_checkpoint(folder / "unsharded.pt", resharded_model, resharded)
+    whole, again = unsharded.state_dict(), resharded.state_dict()
+    state_difference = max(
+        (whole["state"][i][key] - again["state"][i][key]).abs().max().item()
+        for i in whole["state"] for key in whole["state"][i])
+    hvt.verify_replicas(resharded_model, resharded)  # gathers the whole state to compare
+    report("sharded_checkpoint", state_difference=state_difference,
+           state_sizes=sorted({v.numel() for state in resharded.state.values()
+                               for v in state.values() if v.dim() > 0}))
+    save("sharded_checkpoint_straight", straight)
+    save("sharded_checkpoint_resumed", parameters(unsharded_model))
+
+
+def scenario_sharded_refusals() -> None:
+    """What shard_state=True refuses, each with its message."""
+    model = make_model()
+    errors = {}
+
+    def attempt(case: str, action) -> None:
+        try:
+            action()
+            errors[case] = None
+        except Exception as error:
+            errors[case] = f"{type(error).__name__}: {error}"
+
+    def sharded(optimizer=None, **settings):
+        return hvt.DistributedOptimizer(optimizer or make_optimizer("sgd", model.parameters()),
+                                        model.named_parameters(), shard_state=True, **settings)
+
+    attempt("lbfgs", lambda: sharded(torch.optim.LBFGS(model.parameters())))
+    attempt("overlap", lambda: sharded(overlap=True))
+    attempt("bf16", lambda: sharded(compression="bf16"))
+    optimizer = sharded()
+    x, y = make_data()
+    part = rows(0, 0, hvt.rank(), 1)
+    optimizer.zero_grad()
+    loss_fn(model, x[part], y[part]).backward()
+    optimizer.synchronize()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)  # p.grad: this rank's own
+
+    def step() -> None:
+        with optimizer.skip_synchronize():
+            optimizer.step()
+
+    attempt("partial clip", step)
+    attempt("fingerprint", lambda: hvt.state_fingerprint(model, optimizer))
+    report("sharded_refusals", errors=errors)
+
+
+def scenario_sharded_nonfinite() -> None:
+    """A NaN in rank 1's loss at step 1: skipped on both ranks alike with skip_nonfinite,
+    an error naming the parameter on both without."""
+    x, y = make_data()
+    outcomes = {}
+    for skip in (True, False):
+        model = make_model()
+        optimizer = hvt.DistributedOptimizer(make_optimizer("adamw", model.parameters()),
+                                             model.named_parameters(), shard_state=True,
+                                             skip_nonfinite=skip)
+        try:
+            for step in range(3):
+                optimizer.zero_grad()
+                part = rows(step, 0, hvt.rank(), 1)
+                loss = loss_fn(model, x[part], y[part])
+                if step == 1 and hvt.rank() == 1:
+                    loss = loss * float("nan")
+                loss.backward()
+                optimizer.step()
+            outcomes[str(skip)] = {"skipped": optimizer.skipped_steps,
+                                   "fingerprint": checksum(model)}
+        except hvt.NonFiniteGradientError as error:
+            outcomes[str(skip)] = {"error": str(error)}
+    report("sharded_nonfinite", outcomes=outcomes)
+
+
 def main() -> None:
     hvt.init()
     torch.set_num_threads(1)
@@ -394,6 +511,23 @@ def main() -> None:
         "sgd_fp16": dict(kind="sgd", dtype=torch.float32, compression="fp16"),
         "sgd_bf16": dict(kind="sgd", dtype=torch.float32, compression="bf16"),
         "sgd_float32": dict(kind="sgd", dtype=torch.float32),
+        "adamw": dict(kind="adamw"),
+        "adamw_clip": dict(kind="adamw", clip=0.05),
+        "sgd_sharded": dict(kind="sgd", shard_state=True),
+        "adamw_sharded": dict(kind="adamw", shard_state=True),
+        "sgd_sharded_accumulate": dict(kind="sgd", passes=2, average_aggregated_gradients=True,
+                                       shard_state=True),
+        "adamw_sharded_accumulate": dict(kind="adamw", passes=2, shard_state=True,
+                                         average_aggregated_gradients=True),
+        "sgd_sharded_accumulate_horovod": dict(kind="sgd", passes=2, divide_loss=True,
+                                               shard_state=True),
+        "sgd_sharded_clip": dict(kind="sgd", clip=0.05, shard_state=True),
+        "adamw_sharded_clip": dict(kind="adamw", clip=0.05, shard_state=True),
+        "sgd_sharded_fp16": dict(kind="sgd", dtype=torch.float32, compression="fp16",
+                                 shard_state=True),
+        "adamw_sharded_accumulate_clip": dict(kind="adamw", passes=2, clip=0.05,
+                                              average_aggregated_gradients=True,
+                                              shard_state=True),
     }
     run_scenarios(hvt.rank, {
         **{name: functools.partial(train, name, **settings)
@@ -408,6 +542,9 @@ def main() -> None:
         "grad_scaler": scenario_grad_scaler,
         "metrics": scenario_metrics_and_sampler,
         "horovod_api": scenario_horovod_api,
+        "sharded_checkpoint": scenario_sharded_checkpoint,
+        "sharded_refusals": scenario_sharded_refusals,
+        "sharded_nonfinite": scenario_sharded_nonfinite,
         "join_uneven": functools.partial(scenario_join_uneven, "join_uneven"),
         "join_uneven_overlap": functools.partial(scenario_join_uneven, "join_uneven_overlap",
                                                  overlap=True),

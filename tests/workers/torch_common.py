@@ -40,6 +40,8 @@ def make_optimizer(kind: str, parameters) -> torch.optim.Optimizer:
         return torch.optim.SGD(parameters, lr=0.05, momentum=0.9)
     if kind == "adam":
         return torch.optim.Adam(parameters, lr=0.01, weight_decay=0.01)
+    if kind == "adamw":
+        return torch.optim.AdamW(parameters, lr=0.01, weight_decay=0.1)
     raise ValueError(kind)
 
 
@@ -68,19 +70,29 @@ def loss_fn(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.T
     return torch.nn.functional.cross_entropy(model(x), y)
 
 
-def reference_run(kind: str, passes: int = 1, steps: int = STEPS) -> dict[str, torch.Tensor]:
-    """One process, batch = all workers' micro-batches, LR from hvdtrain.schedule."""
+def reference_run(kind: str, passes: int = 1, steps: int = STEPS, clip: float | None = None,
+                  warmup: bool = True, optimizer_state: dict | None = None
+                  ) -> dict[str, torch.Tensor]:
+    """One process, batch = all workers' micro-batches, LR from hvdtrain.schedule (or
+    constant without ``warmup``), the gradient clipped to norm ``clip`` when given by
+    torch's own clip_grad_norm_. ``optimizer_state``, a dict, receives the optimizer's
+    state_dict() at the end."""
     x, y = make_data()
     model = make_model()
     optimizer = make_optimizer(kind, model.parameters())
     plan = schedule(passes, base_lr=optimizer.param_groups[0]["lr"])
     for step in range(steps):
-        for group in optimizer.param_groups:
-            group["lr"] = plan.lr_at(step)
+        if warmup:
+            for group in optimizer.param_groups:
+                group["lr"] = plan.lr_at(step)
         optimizer.zero_grad()
         part = global_rows(step, passes)
         loss_fn(model, x[part], y[part]).backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         optimizer.step()
+    if optimizer_state is not None:
+        optimizer_state.update(optimizer.state_dict())
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 

@@ -19,6 +19,7 @@ from hvdtrain import watchdog
 # synchronize(); distributed_class builds on them.
 from hvdtrain.adapters.torch._horovod import HorovodOptimizer as _HorovodOptimizer
 from hvdtrain.adapters.torch.compression import HOROVOD_COMPRESSION, bf16_allreduce_async
+from hvdtrain.adapters.torch.sharding import ShardedSteps
 from hvdtrain.adapters.torch.tally import flat_with_tally, read_tally
 from hvdtrain.nonfinite import NonFiniteGradientError, nonfinite_gradient_message
 
@@ -44,7 +45,7 @@ class CheckedAveraging:
                  groups: int | list[list[torch.Tensor]] | None,
                  skip_nonfinite: bool, check_nonfinite: bool, overlap: bool,
                  gradient_predivide_factor: float, sparse_as_dense: bool,
-                 process_set: ProcessSet) -> None:
+                 process_set: ProcessSet, shard_state: bool = False) -> None:
         self.overlap = overlap  # read by _make_hook, which Horovod's __init__ calls
         _HorovodOptimizer.__init__(self, optimizer.param_groups, named_parameters,
                                    HOROVOD_COMPRESSION[compression], backward_passes_per_step,
@@ -59,6 +60,9 @@ class CheckedAveraging:
         self._bf16 = compression == "bf16"
         self._flat_gradients: list[tuple[torch.Tensor, list[torch.Tensor], bool]] = []
         self._contributors: Any = None  # this step's count of ranks, per-tensor path
+        self.shard_state = shard_state
+        if shard_state:
+            self._build_shards()  # ShardedSteps'
         self.load_state_dict(optimizer.state_dict())  # keep state built before wrapping
 
     def synchronize(self) -> None:
@@ -99,16 +103,7 @@ class CheckedAveraging:
         With ``skip_nonfinite=True``, a step whose averaged gradient has a NaN or Inf
         on any rank is skipped on every rank and counted in ``skipped_steps``.
         """
-        synchronizes_here = self._should_synchronize and not self._synchronized
-        if self._should_synchronize:
-            if self._synchronized:
-                warnings.warn(
-                    "optimizer.step() called without optimizer.skip_synchronize() after "
-                    "optimizer.synchronize(): hvdtrain does not average again, but Horovod "
-                    "does; wrap step() in `with optimizer.skip_synchronize():`",
-                    stacklevel=2)
-            else:
-                self.synchronize()
+        synchronizes_here = self._synchronize_for_step()
         step, self.steps_taken = self.steps_taken, self.steps_taken + 1
         # The bound describes the gradients as reduced, so it is trusted only when the
         # reduction ran inside this step (after the user's own synchronize() they may have
@@ -125,6 +120,38 @@ class CheckedAveraging:
             raise NonFiniteGradientError(nonfinite_gradient_message(step, nonfinite))
         with self.skip_synchronize():
             return _HorovodOptimizer.step(self, closure)
+
+    def _synchronize_for_step(self) -> bool:
+        """What ``step()`` does first: synchronize unless the user already did (then warn
+        if they did so outside ``skip_synchronize()``). Returns whether it synchronized."""
+        synchronizes_here = self._should_synchronize and not self._synchronized
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn(
+                    "optimizer.step() called without optimizer.skip_synchronize() after "
+                    "optimizer.synchronize(): hvdtrain does not average again, but Horovod "
+                    "does; wrap step() in `with optimizer.skip_synchronize():`",
+                    stacklevel=3)
+            else:
+                self.synchronize()
+        return synchronizes_here
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip the averaged gradients by their global norm
+        (``torch.nn.utils.clip_grad_norm_`` over this optimizer's parameters). Call it
+        after ``synchronize()`` and before ``step()`` inside ``skip_synchronize()``; with
+        ``shard_state=True`` this is the way to clip.
+
+        Returns:
+            The norm before clipping.
+        """
+        if not self._synchronized:
+            raise RuntimeError("clip_grad_norm_ works on the averaged gradients: call "
+                               "optimizer.synchronize() first, then step() inside "
+                               "`with optimizer.skip_synchronize():`")
+        return torch.nn.utils.clip_grad_norm_(
+            [p for group in self.param_groups for p in group["params"] if p.grad is not None],
+            max_norm, norm_type)
 
     def _make_hook(self, parameter: torch.Tensor):
         """Horovod's hook (start the allreduce when the gradient is ready) with overlap;
@@ -299,11 +326,14 @@ class CheckedAveraging:
         return None
 
 
-def distributed_class(base: type) -> type:
-    """A class with ``base`` as its base, Horovod's optimizer methods and ours on top."""
+def distributed_class(base: type, sharded: bool = False) -> type:
+    """A class with ``base`` as its base, Horovod's optimizer methods and ours on top
+    (with ``sharded``, :class:`.sharding.ShardedSteps`' over those)."""
     methods = dict(vars(_HorovodOptimizer))
-    methods.update((name, member) for name, member in vars(CheckedAveraging).items()
-                   if name == "__init__" or not name.startswith("__"))
+    layers = (CheckedAveraging, ShardedSteps) if sharded else (CheckedAveraging,)
+    for layer in layers:
+        methods.update((name, member) for name, member in vars(layer).items()
+                       if name == "__init__" or not name.startswith("__"))
     methods["__doc__"] = f"{base.__name__} with gradients averaged over Horovod workers."
     return type(base.__name__, (base,), methods)
 

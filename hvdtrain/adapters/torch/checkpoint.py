@@ -18,8 +18,9 @@ import horovod.torch as _hvd
 import torch
 
 from hvdtrain.adapters.torch._horovod import COLLECTIVE
-from hvdtrain.adapters.torch.replicas import broadcast_state
+from hvdtrain.adapters.torch.replicas import broadcast_state, broadcast_tree
 from hvdtrain.adapters.torch.scheduler import LinearScalingWarmup
+from hvdtrain.adapters.torch.sharding import is_sharded
 from hvdtrain.checkpoint import atomic_write, require_checkpoint_file
 from hvdtrain.collective import on_rank0_for_all, require_initialized
 from hvdtrain.trees import leaves
@@ -49,12 +50,15 @@ def save_checkpoint(
             the other ranks running on into a hang).
     """
     require_initialized(COLLECTIVE, "save_checkpoint")
+    # A sharded optimizer's state_dict() gathers every rank's slice: all ranks call it.
+    gathered = optimizer.state_dict() if is_sharded(optimizer) else None
 
     def write() -> None:
         payload = {
             "format": CHECKPOINT_FORMAT,
             "model": model.state_dict(),
-            "optimizer": optimizer.state_dict() if optimizer is not None else None,
+            "optimizer": gathered if gathered is not None else
+            optimizer.state_dict() if optimizer is not None else None,
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "extra": extra,
         }
@@ -88,17 +92,31 @@ def load_checkpoint(
             fit what was passed (the message says which).
     """
     require_initialized(COLLECTIVE, "load_checkpoint")
+    sharded = is_sharded(optimizer)
+    optimizer_state = None
 
     def read() -> dict[str, Any]:
+        nonlocal optimizer_state
         payload = _read_checkpoint(path)
         model.load_state_dict(payload["model"])
-        _load_part(optimizer, payload["optimizer"], "optimizer")
+        if sharded:  # every rank takes its slice of the whole state, below
+            optimizer_state = payload["optimizer"]
+        else:
+            _load_part(optimizer, payload["optimizer"], "optimizer")
         _load_part(scheduler, payload["scheduler"], "scheduler")
         return payload["extra"]
 
     extra = on_rank0_for_all(COLLECTIVE, read, f"load checkpoint {os.fspath(path)}",
                              "hvdtrain.checkpoint.loaded")
-    extra = broadcast_state(model, optimizer, scheduler, root_rank=0, extra=extra or {})
+    extra = broadcast_state(model, None if sharded else optimizer, scheduler, root_rank=0,
+                            extra=extra or {})
+    if sharded:
+        state = broadcast_tree(optimizer_state, 0, "checkpoint.optimizer")
+        try:  # the same state on every rank, so the same outcome
+            _load_part(optimizer, state, "optimizer")
+        except (ValueError, KeyError) as error:
+            raise RuntimeError(f"could not load checkpoint {os.fspath(path)}: "
+                               f"{type(error).__name__}: {error}") from None
     if isinstance(scheduler, LinearScalingWarmup):  # written by another number of workers?
         scheduler.set_world_size(_hvd.size())
     return extra

@@ -18,6 +18,7 @@ from hvdtrain.adapters.torch._horovod import COLLECTIVE
 from hvdtrain.adapters.torch.averaging import distributed_class
 from hvdtrain.adapters.torch.compression import HOROVOD_COMPRESSION, compression_name
 from hvdtrain.adapters.torch.consistency import check_start_agreement, named_parameters_of
+from hvdtrain.adapters.torch.sharding import require_elementwise
 from hvdtrain.collective import require_initialized
 from hvdtrain.consistency import software_versions
 from hvdtrain.nonfinite import NonFiniteGradientError
@@ -47,6 +48,7 @@ def DistributedOptimizer(
     num_groups: int = 0,
     sparse_as_dense: bool = False,
     process_set: ProcessSet = global_process_set,
+    shard_state: bool = False,
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that its gradients are averaged over all workers.
 
@@ -105,6 +107,19 @@ def DistributedOptimizer(
             instead of allgathering their values and indices.
         process_set: Horovod's: average over the ranks of this process set only (every
             rank of it must wrap its optimizer; ranks outside it do not take part).
+        shard_state: keep only a 1/N slice of the optimizer state on each of the N
+            workers (ZeRO stages 1-2): the gradients are reduce-scattered, each worker
+            steps its slice of every param group's flattened parameters, and the slices
+            are all-gathered back, the communication of one allreduce. ``optimizer.state``
+            then holds this worker's slice; ``state_dict()`` gathers the whole state in
+            the unsharded format (every worker must call it) and ``load_state_dict``
+            takes this worker's slice of one, so checkpoints move freely between sharded
+            and unsharded runs on any number of workers. For optimizers whose update is
+            elementwise (SGD, Adam, AdamW, RMSprop, ...; others are refused). Clip with
+            ``optimizer.clip_grad_norm_(max_norm)`` after ``synchronize()``: ``p.grad``
+            keeps this worker's own gradient, and a change to it after ``synchronize()``
+            raises. Not with ``overlap=True``, ``groups``, bf16, Adasum, GradScaler,
+            ``join()`` or elastic jobs.
 
     Returns:
         The distributed optimizer; ``skipped_steps`` and ``steps_taken`` count its steps.
@@ -151,6 +166,12 @@ def DistributedOptimizer(
                          "post-scaling, so it needs op=hvt.Average (or leave it at 1.0)")
     require_instance("process_set", process_set, ProcessSet,
                      "a Horovod process set, e.g. hvt.add_process_set([0, 1])")
+    require_instance("shard_state", shard_state, bool,
+                     "True (each worker keeps a slice of the optimizer state) or False")
+    if shard_state:
+        _require_shardable(optimizer, op=op, overlap=overlap, groups=groups or num_groups,
+                           compression=compression)
+        overlap = False
     if num_groups:
         warnings.warn("num_groups is Horovod's deprecated spelling of groups; pass "
                       f"groups={num_groups} instead", DeprecationWarning, stacklevel=2)
@@ -174,16 +195,33 @@ def DistributedOptimizer(
             "overlap": overlap,
             "gradient_predivide_factor": gradient_predivide_factor,
             "sparse_as_dense": sparse_as_dense,
+            "shard_state": shard_state,
             **software_versions("torch", "horovod"),
         })
     if op == Adasum:
         return _hvd.DistributedOptimizer(optimizer, named,
                                          compression=HOROVOD_COMPRESSION[compression], op=Adasum,
                                          process_set=process_set)
-    return distributed_class(type(optimizer))(
+    return distributed_class(type(optimizer), sharded=shard_state)(
         optimizer, named, compression=compression,
         backward_passes_per_step=backward_passes_per_step,
         average_aggregated_gradients=average_aggregated_gradients, op=op, groups=groups,
         skip_nonfinite=skip_nonfinite, check_nonfinite=check_nonfinite, overlap=overlap,
         gradient_predivide_factor=gradient_predivide_factor, sparse_as_dense=sparse_as_dense,
-        process_set=process_set)
+        process_set=process_set, shard_state=shard_state)
+
+
+def _require_shardable(optimizer: torch.optim.Optimizer, *, op, overlap: bool | None,
+                       groups: Any, compression: str | None) -> None:
+    """Raise, saying what to change, unless ``shard_state=True`` can go with the rest."""
+    require_elementwise(optimizer)
+    clashes = [what for what, clash in (
+        ("op=hvt.Adasum", op == Adasum), ("overlap=True", overlap is True),
+        ("groups", bool(groups)), ("compression='bf16'", compression == "bf16"),
+        ("an elastic job (HOROVOD_ELASTIC=1)", elastic_job())) if clash]
+    if clashes:
+        raise ValueError(
+            f"shard_state=True cannot be combined with {', '.join(clashes)}: it reduce-scatters "
+            "every param group's gradients in one buffer after backward() (op Average or Sum, "
+            "compression None or 'fp16'), and elastic resets do not re-shard yet; drop "
+            "shard_state or the other settings")

@@ -14,12 +14,14 @@ import torch
 
 from hvdtrain import watchdog
 from hvdtrain.adapters.torch._horovod import COLLECTIVE
+from hvdtrain.adapters.torch.sharding import is_sharded
 from hvdtrain.collective import require_initialized
 from hvdtrain.replicas import ReplicaMismatchError, checksums, fingerprint, verify_checksums
 from hvdtrain.trees import leaves, map_leaves
 from hvdtrain.validation import require_instance, require_root_rank
 
-__all__ = ["ReplicaMismatchError", "broadcast_state", "state_fingerprint", "verify_replicas"]
+__all__ = ["ReplicaMismatchError", "broadcast_state", "broadcast_tree", "state_fingerprint",
+           "verify_replicas"]
 
 
 @dataclass(frozen=True)
@@ -67,24 +69,34 @@ def broadcast_state(
                                                        model.named_buffers())}
         _hvd.broadcast_parameters(tensors, root_rank=root_rank)
         is_root = _hvd.rank() == root_rank
-        optimizer_state = optimizer.state_dict() if optimizer is not None and is_root else None
         header = {
-            "optimizer": map_leaves(optimizer_state, _spec_of) if is_root else None,
             "scheduler": scheduler.state_dict() if scheduler is not None and is_root else None,
             "extra": dict(extra or {}) if is_root else None,
         }
         header = COLLECTIVE.broadcast_object(header, root_rank, "hvdtrain.state.header")
         if optimizer is not None:
-            if not is_root:
-                optimizer_state = map_leaves(header["optimizer"], _empty_for)
-            state_tensors = [(path, leaf) for path, leaf in leaves(optimizer_state)
-                             if isinstance(leaf, torch.Tensor)]
-            _broadcast_in_place(state_tensors, root_rank, "optimizer")
+            # A sharded optimizer's state_dict() gathers every rank's slice: all call it.
+            own = optimizer.state_dict() if is_root or is_sharded(optimizer) else None
+            optimizer_state = broadcast_tree(own, root_rank, "optimizer")
             if not is_root:
                 optimizer.load_state_dict(optimizer_state)
         if scheduler is not None and not is_root:
             scheduler.load_state_dict(header["scheduler"])
         return header["extra"]
+
+
+def broadcast_tree(tree: Any, root_rank: int, name: str) -> Any:
+    """``root_rank``'s nested dicts and lists of tensors and plain data (a
+    ``state_dict()``) on every rank; the others pass None. The layout and the plain
+    values travel by one object broadcast, the tensors by Horovod's in-place ones."""
+    is_root = _hvd.rank() == root_rank
+    layout = COLLECTIVE.broadcast_object(map_leaves(tree, _spec_of) if is_root else None,
+                                         root_rank, f"hvdtrain.{name}.layout")
+    if not is_root:
+        tree = map_leaves(layout, _empty_for)
+    _broadcast_in_place([(path, leaf) for path, leaf in leaves(tree)
+                         if isinstance(leaf, torch.Tensor)], root_rank, name)
+    return tree
 
 
 def verify_replicas(model: torch.nn.Module,
@@ -108,8 +120,19 @@ def state_fingerprint(model: torch.nn.Module,
                       optimizer: torch.optim.Optimizer | None = None) -> str:
     """A short hex digest of this rank's parameters, buffers and optimizer state, for a
     log line: replicas print the same one exactly when they are bit-identical (up to
-    crc32's rare collisions). Local: no collective, so any rank may call it alone."""
+    crc32's rare collisions). Local: no collective, so any rank may call it alone.
+
+    Raises:
+        ValueError: for an optimizer with ``shard_state=True``, whose ranks hold
+            different slices by design (fingerprint the model, or call
+            :func:`verify_replicas`, which gathers the whole state).
+    """
     require_instance("model", model, torch.nn.Module, "a torch.nn.Module")
+    if is_sharded(optimizer):
+        raise ValueError("state_fingerprint is local, but this optimizer's state is sharded "
+                         "(shard_state=True): each rank holds its own slice. Fingerprint the "
+                         "model alone, or call verify_replicas(model, optimizer), which gathers "
+                         "the whole state")
     return fingerprint(_named_arrays(model, optimizer))
 
 

@@ -1,0 +1,112 @@
+"""How one flat buffer is split among workers when each holds only a slice of the
+optimizer state (ZeRO stages 1-2, Rajbhandari et al. 2020), as pure arithmetic.
+
+The tensors of one parameter group are laid end to end in one buffer, padded with zeros
+to a multiple of the number of workers; worker r owns the r-th of the equal slices.
+Gradients are reduce-scattered into the slices, each worker steps its slice with its
+slice of the optimizer state, and the slices are all-gathered back into the tensors.
+The adapters do the moving; this module says what goes where.
+
+Example::
+
+    >>> from hvdtrain.sharding import ShardLayout
+    >>> layout = ShardLayout(sizes=(3, 5), world_size=2, rank=1)
+    >>> layout.shard_length, layout.padded_length, (layout.start, layout.end)
+    (4, 8, (4, 8))
+    >>> layout.pieces()  # tensor 1's elements 1-4 fill this rank's slice
+    (Piece(tensor=1, tensor_offset=1, shard_offset=0, length=4),)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hvdtrain.validation import require_positive_int
+
+
+@dataclass(frozen=True)
+class Piece:
+    """The part of one tensor that lies inside a worker's slice."""
+
+    tensor: int
+    tensor_offset: int
+    shard_offset: int
+    length: int
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """The split of one flat buffer among ``world_size`` workers, seen from ``rank``.
+
+    Args:
+        sizes: the number of elements of each tensor, in buffer order.
+        world_size: the number of workers sharing the buffer.
+        rank: this worker's place among them (0-based).
+
+    Raises:
+        ValueError: for an empty ``sizes``, a size below 1, or a rank outside the world.
+    """
+
+    sizes: tuple[int, ...]
+    world_size: int
+    rank: int
+
+    def __post_init__(self) -> None:
+        require_positive_int("world_size", self.world_size)
+        if not self.sizes:
+            raise ValueError("a shard layout needs at least one tensor")
+        for size in self.sizes:
+            require_positive_int("every tensor's number of elements", size)
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) \
+                or not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank must be an int in [0, {self.world_size}), got {self.rank!r}")
+
+    @property
+    def total(self) -> int:
+        """Elements of all tensors together."""
+        return sum(self.sizes)
+
+    @property
+    def shard_length(self) -> int:
+        """Elements of every worker's slice (the last may end in padding)."""
+        return -(-self.total // self.world_size)
+
+    @property
+    def padded_length(self) -> int:
+        """The buffer's length: the tensors and the zeros that pad them to equal slices."""
+        return self.shard_length * self.world_size
+
+    @property
+    def start(self) -> int:
+        """Where this worker's slice begins in the buffer."""
+        return self.rank * self.shard_length
+
+    @property
+    def end(self) -> int:
+        """Where this worker's slice ends, padding included."""
+        return self.start + self.shard_length
+
+    def offsets(self) -> tuple[int, ...]:
+        """Where each tensor begins in the buffer."""
+        starts, position = [], 0
+        for size in self.sizes:
+            starts.append(position)
+            position += size
+        return tuple(starts)
+
+    def pieces(self) -> tuple[Piece, ...]:
+        """The parts of the tensors that lie in this worker's slice, in order."""
+        found = []
+        for index, (begin, size) in enumerate(zip(self.offsets(), self.sizes, strict=True)):
+            low, high = max(begin, self.start), min(begin + size, self.end)
+            if low < high:
+                found.append(Piece(index, low - begin, low - self.start, high - low))
+        return tuple(found)
+
+    def locate(self, shard_index: int) -> tuple[int, int] | None:
+        """The tensor and the element within it at ``shard_index`` of this worker's
+        slice; None in the padding."""
+        for piece in self.pieces():
+            if piece.shard_offset <= shard_index < piece.shard_offset + piece.length:
+                return piece.tensor, piece.tensor_offset + shard_index - piece.shard_offset
+        return None

@@ -1,0 +1,57 @@
+"""hvdtrain/sharding.py: the split of a flat buffer among workers, checked element by
+element against a buffer laid out by hand."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hvdtrain.sharding import Piece, ShardLayout
+
+
+def owners(sizes: tuple[int, ...], world_size: int) -> dict[tuple[int, int], list[int]]:
+    """(tensor, element) -> the ranks whose pieces hold it."""
+    held: dict[tuple[int, int], list[int]] = {}
+    for rank in range(world_size):
+        for piece in ShardLayout(sizes, world_size, rank).pieces():
+            for i in range(piece.length):
+                held.setdefault((piece.tensor, piece.tensor_offset + i), []).append(rank)
+    return held
+
+
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=6).map(tuple), st.integers(1, 9))
+def test_every_element_has_exactly_one_owner_in_buffer_order(sizes, world_size):
+    held = owners(sizes, world_size)
+    assert set(held) == {(t, e) for t, size in enumerate(sizes) for e in range(size)}
+    assert all(len(ranks) == 1 for ranks in held.values())
+    shard = ShardLayout(sizes, world_size, 0).shard_length
+    position = 0  # the element's place in the buffer decides its rank
+    for t, size in enumerate(sizes):
+        for e in range(size):
+            assert held[(t, e)] == [position // shard]
+            position += 1
+
+
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=6).map(tuple), st.integers(1, 9))
+def test_slices_are_equal_and_pad_by_less_than_one_per_worker(sizes, world_size):
+    layout = ShardLayout(sizes, world_size, world_size - 1)
+    assert layout.padded_length == layout.shard_length * world_size
+    assert layout.total <= layout.padded_length < layout.total + world_size
+    assert layout.end == layout.padded_length
+
+
+def test_locate_names_the_tensor_and_element_or_the_padding():
+    layout = ShardLayout((3, 5, 1), world_size=2, rank=1)  # 9 elements, slices of 5
+    assert layout.pieces() == (Piece(1, 2, 0, 3), Piece(2, 0, 3, 1))
+    assert [layout.locate(i) for i in range(5)] == [(1, 2), (1, 3), (1, 4), (2, 0), None]
+
+
+@pytest.mark.parametrize(("sizes", "world_size", "rank", "message"), [
+    ((), 2, 0, "at least one tensor"),
+    ((3, 0), 2, 0, "number of elements"),
+    ((3,), 0, 0, "world_size"),
+    ((3,), 2, 2, r"rank must be an int in \[0, 2\)"),
+    ((3,), 2, True, "rank must be an int"),
+])
+def test_a_layout_that_cannot_be_says_why(sizes, world_size, rank, message):
+    with pytest.raises(ValueError, match=message):
+        ShardLayout(sizes, world_size, rank)
