@@ -8,14 +8,20 @@
 - ``convdense``: two 3x3 conv layers of 32 channels on 32x32x3 images, then six
   512x512 dense layers, 32 per worker: much compute and 6.3 MB of gradients in 18
   tensors (compute-heavy, with a real allreduce).
+- ``large``: 1024-4096-4096-4096-4096-1024, 58.7 M parameters on 8 examples per worker:
+  the sharded optimizer state's memory benchmark (AdamW's state alone is 470 MB).
 """
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
-BATCH_PER_WORKER = {"mlp": 64, "conv": 32, "wide": 16, "convdense": 32}
+BATCH_PER_WORKER = {"mlp": 64, "conv": 32, "wide": 16, "convdense": 32, "large": 8}
 IMAGE_MODELS = ("conv", "convdense")
+# Input features and classes where they are not MNIST's 784 and 10.
+INPUTS, CLASSES = {"large": 1024}, {"large": 1024}
 
 
 def make_model(name: str) -> torch.nn.Module:
@@ -43,6 +49,12 @@ def make_model(name: str) -> torch.nn.Module:
         for _ in range(11):
             layers += [torch.nn.Linear(1024, 1024), torch.nn.ReLU()]
         return torch.nn.Sequential(*layers, torch.nn.Linear(1024, 10))
+    if name == "large":
+        widths = (1024, 4096, 4096, 4096, 4096, 1024)
+        layers = []
+        for width_in, width_out in itertools.pairwise(widths):
+            layers += [torch.nn.Linear(width_in, width_out), torch.nn.ReLU()]
+        return torch.nn.Sequential(*layers[:-1])
     raise ValueError(f"unknown model {name!r}; choose from {sorted(BATCH_PER_WORKER)}")
 
 
@@ -50,9 +62,9 @@ def make_batch(name: str, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's synthetic batch for ``name`` (different on every rank)."""
     generator = torch.Generator().manual_seed(1000 + rank)
     batch = BATCH_PER_WORKER[name]
-    shape = (batch, 3, 32, 32) if name in IMAGE_MODELS else (batch, 784)
+    shape = (batch, 3, 32, 32) if name in IMAGE_MODELS else (batch, INPUTS.get(name, 784))
     return (torch.randn(*shape, generator=generator),
-            torch.randint(0, 10, (batch,), generator=generator))
+            torch.randint(0, CLASSES.get(name, 10), (batch,), generator=generator))
 
 
 def parameter_count(model: torch.nn.Module) -> tuple[int, int]:

@@ -27,7 +27,8 @@ RESULTS = HERE / "results"
 DOCUMENTS = (HERE / "README.md", HERE.parent / "README.md")
 # benchmark module -> the stem of the result file it writes
 RESULT_FILES = {"overhead": "overhead", "ddp": "ddp", "scaling": "scaling",
-                "bandwidth": "allreduce", "keras_throughput": "keras", "goyal": "goyal"}
+                "bandwidth": "allreduce", "keras_throughput": "keras", "goyal": "goyal",
+                "sharding": "sharding"}
 BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end generated -->)", re.DOTALL)
 # The Goyal headline: gradual warmup "matches" the baseline within this many points.
 GOYAL_MATCH_POINTS = 0.5
@@ -88,6 +89,17 @@ def summary_block(results: dict[str, dict]) -> str:
     rows.append(["scaling efficiency, 2 ranks (Keras `fit`)", keras["settings"]["model"],
                  *(f"{keras['modes']['fit']['scaling_efficiency']:.2f}" if
                    keras["settings"]["controller"] == c else "—" for c in ("gloo", "mpi"))])
+    sharding = results["sharding"]["models"]
+
+    def sharded(model: str, key: str) -> list[str]:
+        return [f"{sharding[model][f'hvdtrain sharded {c}'][key]:.2f}" for c in ("gloo", "mpi")]
+
+    if "large" in sharding:
+        rows.append(["optimizer state per rank / whole state's (AdamW, `shard_state=True`)",
+                     "large (58.7 M)", *sharded("large", "state_ratio_to_whole")])
+    rows += [["step time sharded / whole state's (AdamW)", model,
+              *sharded(model, "step_ratio_to_whole")]
+             for model in ("mlp", "convdense") if model in sharding]
     goyal = results["goyal"]
     largest = _largest_matching_k(goyal)
     controller = goyal["settings"]["controller"]

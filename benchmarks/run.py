@@ -22,7 +22,8 @@ from pathlib import Path
 import report
 from common import HERE, progress
 
-BENCHMARKS = ("overhead", "ddp", "scaling", "bandwidth", "keras_throughput", "goyal")
+BENCHMARKS = ("overhead", "ddp", "scaling", "bandwidth", "keras_throughput", "goyal",
+              "sharding")
 
 
 def main() -> int:

@@ -18,6 +18,7 @@ REPORTS = {
     "bandwidth": ("allreduce", {"sizes"}),
     "keras_throughput": ("keras", {"modes"}),
     "goyal": ("goyal", {"tuned_eta", "baselines", "large_batch"}),
+    "sharding": ("sharding", {"models", "peak_rss_bytes", "targets"}),
 }
 
 

@@ -11,7 +11,8 @@ A Horovod user switches by changing one import: every public name of
   micro-batches too when asked (``average_aggregated_gradients=True``; Horovod's
   default sums them), offers "bf16" compression, names the rank and parameter when
   models differ, and stops (or skips, on every rank alike) non-finite steps;
-  :mod:`.averaging` is how it averages and checks.
+  :mod:`.averaging` is how it averages and checks; with ``shard_state=True`` each
+  worker keeps a slice of the optimizer state (:mod:`.sharding`).
 - :mod:`.consistency`: the checks of the named parameters and, at construction, that
   the ranks' models and settings agree (:class:`ParameterMismatchError`).
 - :mod:`.scheduler`: :class:`LinearScalingWarmup`, Goyal et al.'s linear scaling rule

@@ -80,6 +80,7 @@ class ParameterShard:
         first = parameters[0]
         self.shard = torch.nn.Parameter(
             torch.zeros(layout.shard_length, dtype=first.dtype, device=first.device))
+        self._gradients: torch.Tensor | None = None  # kept: its padding stays zero
 
     def pull_parameters(self) -> None:
         """Copy this worker's slice of the parameters into ``shard``."""
@@ -90,12 +91,17 @@ class ParameterShard:
 
     def gradient_buffer(self) -> torch.Tensor:
         """Every parameter's gradient (zeros for none) in one buffer, zero-padded to equal
-        slices."""
-        buffer = self.shard.new_zeros(self.layout.padded_length)
+        slices (the same buffer every step)."""
+        if self._gradients is None:
+            self._gradients = self.shard.new_zeros(self.layout.padded_length)
+        buffer = self._gradients
         for parameter, offset in zip(self.parameters, self.layout.offsets(), strict=True):
-            if parameter.grad is not None:
+            part = buffer[offset:offset + parameter.numel()]
+            if parameter.grad is None:
+                part.zero_()
+            else:
                 grad = parameter.grad.to_dense() if parameter.grad.is_sparse else parameter.grad
-                buffer[offset:offset + parameter.numel()].copy_(grad.reshape(-1))
+                part.copy_(grad.reshape(-1))
         return buffer
 
     def split(self, buffer: torch.Tensor) -> list[torch.Tensor]:
@@ -187,13 +193,14 @@ class ShardedSteps:
                 process_set=self.process_set, prescale_factor=1.0 / predivide,
                 postscale_factor=postscale * predivide) if included else None
             pending.append((shard, wire, context, handle))
-        square_sum = torch.zeros((), dtype=torch.float64)
+        square_sum = 0.0  # of this worker's slices: each slice's norm, as torch's clip takes it
         with watchdog.guard(f"the gradient reduce-scatter of step {self.steps_taken}"):
             for shard, wire, context, handle in pending:
                 reduced = _hvd.synchronize(handle) if handle is not None else wire * postscale
                 shard.shard.grad = self._compression.decompress(reduced, context).to(
                     shard.shard.dtype)
-                square_sum += shard.shard.grad.double().square().sum()
+                square_sum += float(torch.linalg.vector_norm(shard.shard.grad)) ** 2
+            square_sum = torch.tensor(square_sum, dtype=torch.float64)
             if included:
                 square_sum = _hvd.allreduce(square_sum, op=Sum, name="hvdtrain.shard_norm",
                                             process_set=self.process_set)
@@ -230,6 +237,10 @@ class ShardedSteps:
     def step(self, closure=None):
         """Synchronize (unless already done), check, step this worker's slice with its
         slice of the state, and all-gather the slices into the parameters."""
+        if closure is not None:
+            raise ValueError("step(closure) with shard_state=True: a closure recomputes the "
+                             "gradients of the whole parameters, but the step uses the "
+                             "averaged slices; call backward() before step() instead")
         if not self._synchronize_for_step():
             self._require_untouched_gradients()
         step, self.steps_taken = self.steps_taken, self.steps_taken + 1

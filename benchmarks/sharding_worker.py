@@ -1,0 +1,64 @@
+"""Step time and memory of hvdtrain's PyTorch optimizer with AdamW, its state whole or
+sharded: ``python sharding_worker.py MODEL[,MODEL...] STEPS flat|sharded``.
+
+For each model (benchmarks/models.py), after 3 warm-up steps, times STEPS steps of
+``DistributedOptimizer(AdamW, shard_state=...)`` and counts the bytes of the optimizer
+state this rank holds. Rank 0 prints ``RESULT {json}``: per model the median step time
+and the state bytes (the largest over the ranks), and the launch's peak resident memory
+(the largest over the ranks; one launch per contender, so it is that contender's).
+"""
+
+import json
+import resource
+import statistics
+import sys
+import time
+
+import torch
+from models import make_batch, make_model, parameter_count
+
+import hvdtrain.adapters.torch as hvt
+
+WARMUP_STEPS = 3
+MODES = {"flat": False, "sharded": True}
+
+
+def state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """The bytes of every tensor in ``optimizer.state`` on this rank."""
+    return sum(value.numel() * value.element_size() for state in optimizer.state.values()
+               for value in state.values() if torch.is_tensor(value))
+
+
+def measure(name: str, steps: int, sharded: bool) -> dict:
+    model = make_model(name)
+    optimizer = hvt.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-4),
+                                         model.named_parameters(), shard_state=sharded)
+    x, y = make_batch(name, hvt.rank())
+    times = []
+    for step in range(WARMUP_STEPS + steps):
+        started = time.perf_counter()
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        if step >= WARMUP_STEPS:
+            times.append(time.perf_counter() - started)
+    held = max(hvt.allgather_object(state_bytes(optimizer)))
+    parameters, _ = parameter_count(model)
+    return {"median_step_s": statistics.median(times), "state_bytes": held,
+            "parameters": parameters}
+
+
+def main() -> None:
+    names, steps, mode = sys.argv[1].split(","), int(sys.argv[2]), sys.argv[3]
+    if mode not in MODES:
+        raise SystemExit(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+    torch.set_num_threads(1)
+    hvt.init()
+    results = {name: measure(name, steps, MODES[mode]) for name in names}
+    peak = max(hvt.allgather_object(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+    if hvt.rank() == 0:
+        print("RESULT " + json.dumps({"models": results, "peak_rss_bytes": peak}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
