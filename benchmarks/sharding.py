@@ -76,10 +76,13 @@ def run(folder: Path, smoke: bool) -> dict:
                 results[model][whole]["state_bytes"]
     peak_rss = {name: median([r["peak_rss_bytes"] for r in runs])
                 for name, runs in measured.items()}
+    alone = {name: {key: median([r["collectives_alone"][key] for r in runs])
+                    for key in runs[0]["collectives_alone"]}
+             for name, runs in measured.items() if runs[0].get("collectives_alone")}
     write_result(folder, "sharding", {"models": models, "steps_per_launch": steps,
                                       "rounds": rounds, "optimizer": "AdamW, lr 1e-4",
                                       "threads_per_rank": 1, "workers": 2},
-                 {"models": results, "peak_rss_bytes": peak_rss,
+                 {"models": results, "peak_rss_bytes": peak_rss, "collectives_alone": alone,
                   "targets": {"state_ratio": TARGET_STATE_RATIO,
                               "step_ratio": TARGET_STEP_RATIO}})
     _plot(folder / "sharding.png", results, peak_rss)
@@ -129,9 +132,17 @@ def tables(result: dict) -> str:
                          f"{c['state_ratio_to_whole']:.3f}" if "state_ratio_to_whole" in c
                          else "",
                          f"{result['peak_rss_bytes'][name] / 2**20:.0f} MiB"])
-    return markdown_table(["model", "contender", "median step", "step / whole state's",
-                           "optimizer state per rank", "state / whole state's",
-                           "peak resident memory per rank (the launch)"], rows)
+    table = markdown_table(["model", "contender", "median step", "step / whole state's",
+                            "optimizer state per rank", "state / whole state's",
+                            "peak resident memory per rank (the launch)"], rows)
+    alone = result.get("collectives_alone") or {}
+    if not alone:
+        return table
+    collectives = markdown_table(
+        ["launch", "buffer", "allreduce", "reduce-scatter", "all-gather of a slice"],
+        [[name, f"{a['elements'] * 4 / 2**20:.0f} MiB float32", ms(a["allreduce_s"]),
+          ms(a["reducescatter_s"]), ms(a["allgather_s"])] for name, a in alone.items()])
+    return f"{table}\n\nThe collectives alone, ranks otherwise idle:\n\n{collectives}"
 
 
 def targets(summary: dict) -> list[tuple[str, bool]]:

@@ -6,6 +6,9 @@ For each model (benchmarks/models.py), after 3 warm-up steps, times STEPS steps 
 state this rank holds. Rank 0 prints ``RESULT {json}``: per model the median step time
 and the state bytes (the largest over the ranks), and the launch's peak resident memory
 (the largest over the ranks; one launch per contender, so it is that contender's).
+A sharded launch also times, ranks otherwise idle, the collectives on a buffer as large
+as the last model's parameters: Horovod's allreduce (what the flat path sends), its
+reduce-scatter and the all-gather of one slice (what the sharded path sends instead).
 """
 
 import json
@@ -48,6 +51,26 @@ def measure(name: str, steps: int, sharded: bool) -> dict:
             "parameters": parameters}
 
 
+def collectives_alone(numel: int, repeats: int = 3) -> dict:
+    """Median seconds of one allreduce, reduce-scatter and all-gather (of a slice) of a
+    float32 buffer of ``numel`` elements (rounded up to an even split)."""
+    numel += -numel % hvt.size()
+    buffer = torch.zeros(numel)
+    part = buffer[: numel // hvt.size()].clone()
+    operations = {"allreduce_s": lambda: hvt.allreduce_(buffer, name="alone.allreduce"),
+                  "reducescatter_s": lambda: hvt.reducescatter(buffer, name="alone.rs"),
+                  "allgather_s": lambda: hvt.allgather(part, name="alone.allgather")}
+    timed = {}
+    for key, operation in operations.items():
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            operation()
+            times.append(time.perf_counter() - started)
+        timed[key] = statistics.median(times)
+    return {"elements": numel, **timed}
+
+
 def main() -> None:
     names, steps, mode = sys.argv[1].split(","), int(sys.argv[2]), sys.argv[3]
     if mode not in MODES:
@@ -56,8 +79,10 @@ def main() -> None:
     hvt.init()
     results = {name: measure(name, steps, MODES[mode]) for name in names}
     peak = max(hvt.allgather_object(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+    alone = collectives_alone(results[names[-1]]["parameters"]) if MODES[mode] else None
     if hvt.rank() == 0:
-        print("RESULT " + json.dumps({"models": results, "peak_rss_bytes": peak}), flush=True)
+        print("RESULT " + json.dumps({"models": results, "peak_rss_bytes": peak,
+                                      "collectives_alone": alone}), flush=True)
 
 
 if __name__ == "__main__":
