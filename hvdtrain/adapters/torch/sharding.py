@@ -152,7 +152,8 @@ class ShardedSteps:
             self._shards.append(ParameterShard(parameters, ShardLayout(
                 tuple(p.numel() for p in parameters), world, rank)) if parameters else None)
         self._shard_norm = 0.0
-        self._gradient_versions: list[tuple[torch.Tensor, int]] = []
+        # (parameter, its gradient, that gradient's version) when synchronize() ended
+        self._gradient_versions: list[tuple[torch.Tensor, torch.Tensor, int]] = []
 
     def _trained(self) -> list[torch.Tensor]:
         """Every parameter in a shard (all that require a gradient)."""
@@ -287,11 +288,11 @@ class ShardedSteps:
                                "`with optimizer.skip_synchronize():`")
 
     def _require_untouched_gradients(self) -> None:
-        """Raise if a gradient changed in place after ``synchronize()``: with sharded
+        """Raise if a gradient changed (in place or replaced) after ``synchronize()``: with sharded
         state the step uses the reduced slices, so the change would be lost (a norm over
         ``p.grad`` is this worker's own, unaveraged, gradient's)."""
         changed = [p for p, grad, version in self._gradient_versions
-                   if p.grad is grad and grad._version != version]
+                   if p.grad is not grad or grad._version != version]
         if changed:
             name = self._parameter_names.get(changed[0], "<unnamed>")
             raise RuntimeError(
