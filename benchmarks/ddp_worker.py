@@ -17,7 +17,7 @@ import time
 
 import torch
 import torch.distributed as dist
-from models import BATCH_PER_WORKER, make_batch, make_model
+from models import BATCH_PER_WORKER, make_batch, make_model, optimizer_state_bytes
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from hvdtrain.allocator import keep_freed_memory
@@ -33,14 +33,6 @@ def make_optimizer(kind: str, parameters) -> torch.optim.Optimizer:
     if kind == "zero":
         return ZeroRedundancyOptimizer(parameters, optimizer_class=torch.optim.AdamW, lr=1e-4)
     raise SystemExit(f"unknown optimizer {kind!r}; choose from sgd, adamw, zero")
-
-
-def state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """The bytes of the optimizer state this rank holds (ZeroRedundancyOptimizer keeps
-    its shard in the wrapped optimizer)."""
-    inner = getattr(optimizer, "optim", optimizer)
-    return sum(value.numel() * value.element_size() for state in inner.state.values()
-               for value in state.values() if torch.is_tensor(value))
 
 
 def measure(name: str, steps: int, kind: str) -> dict:
@@ -59,7 +51,7 @@ def measure(name: str, steps: int, kind: str) -> dict:
             other_cpu.append(time.process_time() - cpu - main_cpu[-1])
     median_step = statistics.median(times)
     held: list[int | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(held, state_bytes(optimizer))
+    dist.all_gather_object(held, optimizer_state_bytes(optimizer))
     return {"median_step_s": median_step, "state_bytes": max(held),
             "samples_per_s": BATCH_PER_WORKER[name] * dist.get_world_size() / median_step,
             "median_main_cpu_s": statistics.median(main_cpu),

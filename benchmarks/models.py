@@ -1,4 +1,5 @@
-"""The PyTorch models and synthetic batches the benchmarks train (all seeded).
+"""The PyTorch models and synthetic batches the benchmarks train (all seeded), and
+what their workers count of an optimizer.
 
 - ``mlp``: 784-512-512-10 on 64 examples per worker (the overhead and DDP model).
 - ``conv``: a small conv net on 32x32x3 images, 32 per worker: little to allreduce
@@ -71,3 +72,11 @@ def parameter_count(model: torch.nn.Module) -> tuple[int, int]:
     """(number of parameters, number of parameter tensors)."""
     parameters = list(model.parameters())
     return sum(p.numel() for p in parameters), len(parameters)
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """The bytes of every tensor in the optimizer state this process holds (a torch
+    ``ZeroRedundancyOptimizer`` keeps its shard in the optimizer it wraps)."""
+    inner = getattr(optimizer, "optim", optimizer)
+    return sum(value.numel() * value.element_size() for state in inner.state.values()
+               for value in state.values() if torch.is_tensor(value))

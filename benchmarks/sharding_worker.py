@@ -18,18 +18,12 @@ import sys
 import time
 
 import torch
-from models import make_batch, make_model, parameter_count
+from models import make_batch, make_model, optimizer_state_bytes, parameter_count
 
 import hvdtrain.adapters.torch as hvt
 
 WARMUP_STEPS = 3
 MODES = {"flat": False, "sharded": True}
-
-
-def state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """The bytes of every tensor in ``optimizer.state`` on this rank."""
-    return sum(value.numel() * value.element_size() for state in optimizer.state.values()
-               for value in state.values() if torch.is_tensor(value))
 
 
 def measure(name: str, steps: int, sharded: bool) -> dict:
@@ -45,7 +39,7 @@ def measure(name: str, steps: int, sharded: bool) -> dict:
         optimizer.step()
         if step >= WARMUP_STEPS:
             times.append(time.perf_counter() - started)
-    held = max(hvt.allgather_object(state_bytes(optimizer)))
+    held = max(hvt.allgather_object(optimizer_state_bytes(optimizer)))
     parameters, _ = parameter_count(model)
     return {"median_step_s": statistics.median(times), "state_bytes": held,
             "parameters": parameters}

@@ -145,13 +145,16 @@ class CheckedAveraging:
         Returns:
             The norm before clipping.
         """
-        if not self._synchronized:
-            raise RuntimeError("clip_grad_norm_ works on the averaged gradients: call "
-                               "optimizer.synchronize() first, then step() inside "
-                               "`with optimizer.skip_synchronize():`")
+        self._require_synchronized_for("clip_grad_norm_")
         return torch.nn.utils.clip_grad_norm_(
             [p for group in self.param_groups for p in group["params"] if p.grad is not None],
             max_norm, norm_type)
+
+    def _require_synchronized_for(self, what: str) -> None:
+        if not self._synchronized:
+            raise RuntimeError(f"{what} works on the averaged gradients: call "
+                               "optimizer.synchronize() first, then step() inside "
+                               "`with optimizer.skip_synchronize():`")
 
     def _make_hook(self, parameter: torch.Tensor):
         """Horovod's hook (start the allreduce when the gradient is ready) with overlap;

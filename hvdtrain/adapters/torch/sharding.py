@@ -281,12 +281,6 @@ class ShardedSteps:
                 shard.push_parameters(_hvd.synchronize(handle) if handle is not None
                                       else shard.shard.data)
 
-    def _require_synchronized_for(self, what: str) -> None:
-        if not self._synchronized:
-            raise RuntimeError(f"{what} works on the averaged gradients: call "
-                               "optimizer.synchronize() first, then step() inside "
-                               "`with optimizer.skip_synchronize():`")
-
     def _require_untouched_gradients(self) -> None:
         """Raise if a gradient changed (in place or replaced) after ``synchronize()``: with sharded
         state the step uses the reduced slices, so the change would be lost (a norm over
