@@ -7,8 +7,10 @@ state this rank holds. Rank 0 prints ``RESULT {json}``: per model the median ste
 and the state bytes (the largest over the ranks), and the launch's peak resident memory
 (the largest over the ranks; one launch per contender, so it is that contender's).
 A sharded launch also times, ranks otherwise idle, the collectives on a buffer as large
-as the last model's parameters: Horovod's allreduce (what the flat path sends), its
-reduce-scatter and the all-gather of one slice (what the sharded path sends instead).
+as the last model's parameters: Horovod's allreduce (what both paths send for the
+gradients) and the in-place broadcast of each rank's slice (what the sharded path adds
+for the parameters), against ZeRO's textbook pair that hvdtrain does not use, Horovod's
+reduce-scatter and the all-gather of one slice.
 """
 
 import json
@@ -46,12 +48,22 @@ def measure(name: str, steps: int, sharded: bool) -> dict:
 
 
 def collectives_alone(numel: int, repeats: int = 3) -> dict:
-    """Median seconds of one allreduce, reduce-scatter and all-gather (of a slice) of a
-    float32 buffer of ``numel`` elements (rounded up to an even split)."""
+    """Median seconds of one allreduce, in-place broadcast of every rank's slice,
+    reduce-scatter and all-gather (of a slice) of a float32 buffer of ``numel`` elements
+    (rounded up to an even split)."""
     numel += -numel % hvt.size()
     buffer = torch.zeros(numel)
-    part = buffer[: numel // hvt.size()].clone()
+    length = numel // hvt.size()
+    part = buffer[:length].clone()
+
+    def broadcast_slices() -> None:
+        handles = [hvt.broadcast_async_(buffer[r * length:(r + 1) * length], root_rank=r,
+                                        name=f"alone.broadcast.{r}") for r in range(hvt.size())]
+        for handle in handles:
+            hvt.synchronize(handle)
+
     operations = {"allreduce_s": lambda: hvt.allreduce_(buffer, name="alone.allreduce"),
+                  "broadcast_slices_s": broadcast_slices,
                   "reducescatter_s": lambda: hvt.reducescatter(buffer, name="alone.rs"),
                   "allgather_s": lambda: hvt.allgather(part, name="alone.allgather")}
     timed = {}

@@ -1,20 +1,20 @@
 """How one flat buffer is split among workers when each holds only a slice of the
 optimizer state (ZeRO stages 1-2, Rajbhandari et al. 2020), as pure arithmetic.
 
-The tensors of one parameter group are laid end to end in one buffer, padded with zeros
-to a multiple of the number of workers; worker r owns the r-th of the equal slices.
-Gradients are reduce-scattered into the slices, each worker steps its slice with its
-slice of the optimizer state, and the slices are all-gathered back into the tensors.
-The adapters do the moving; this module says what goes where.
+The tensors of one parameter group are laid end to end in one buffer; worker r owns
+the r-th of its slices, all of one length but the last (which hold what is left).
+Each worker steps its slice with its slice of the optimizer state, and the slices are
+then shared back into every worker's tensors. The adapters do the moving; this module
+says what goes where.
 
 Example::
 
     >>> from hvdtrain.sharding import ShardLayout
-    >>> layout = ShardLayout(sizes=(3, 5), world_size=2, rank=1)
-    >>> layout.shard_length, layout.padded_length, (layout.start, layout.end)
-    (4, 8, (4, 8))
-    >>> layout.pieces()  # tensor 1's elements 1-4 fill this rank's slice
-    (Piece(tensor=1, tensor_offset=1, shard_offset=0, length=4),)
+    >>> layout = ShardLayout(sizes=(3, 4), world_size=2, rank=1)
+    >>> layout.shard_length, (layout.start, layout.end)
+    (4, (4, 7))
+    >>> layout.pieces()  # tensor 1's elements 1-3 fill this rank's slice
+    (Piece(tensor=1, tensor_offset=1, shard_offset=0, length=3),)
 """
 
 from __future__ import annotations
@@ -68,23 +68,24 @@ class ShardLayout:
 
     @property
     def shard_length(self) -> int:
-        """Elements of every worker's slice (the last may end in padding)."""
+        """Elements of a worker's slice: every slice's but the last ones', which hold
+        what is left (fewer, or none when there are more workers than elements)."""
         return -(-self.total // self.world_size)
 
-    @property
-    def padded_length(self) -> int:
-        """The buffer's length: the tensors and the zeros that pad them to equal slices."""
-        return self.shard_length * self.world_size
+    def bounds(self, rank: int) -> tuple[int, int]:
+        """Where worker ``rank``'s slice begins and ends in the buffer."""
+        return (min(rank * self.shard_length, self.total),
+                min((rank + 1) * self.shard_length, self.total))
 
     @property
     def start(self) -> int:
         """Where this worker's slice begins in the buffer."""
-        return self.rank * self.shard_length
+        return self.bounds(self.rank)[0]
 
     @property
     def end(self) -> int:
-        """Where this worker's slice ends, padding included."""
-        return self.start + self.shard_length
+        """Where this worker's slice ends in the buffer."""
+        return self.bounds(self.rank)[1]
 
     def offsets(self) -> tuple[int, ...]:
         """Where each tensor begins in the buffer."""
@@ -102,11 +103,3 @@ class ShardLayout:
             if low < high:
                 found.append(Piece(index, low - begin, low - self.start, high - low))
         return tuple(found)
-
-    def locate(self, shard_index: int) -> tuple[int, int] | None:
-        """The tensor and the element within it at ``shard_index`` of this worker's
-        slice; None in the padding."""
-        for piece in self.pieces():
-            if piece.shard_offset <= shard_index < piece.shard_offset + piece.length:
-                return piece.tensor, piece.tensor_offset + shard_index - piece.shard_offset
-        return None

@@ -1,6 +1,8 @@
 """hvdtrain/sharding.py: the split of a flat buffer among workers, checked element by
 element against a buffer laid out by hand."""
 
+import itertools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -32,17 +34,23 @@ def test_every_element_has_exactly_one_owner_in_buffer_order(sizes, world_size):
 
 
 @given(st.lists(st.integers(1, 40), min_size=1, max_size=6).map(tuple), st.integers(1, 9))
-def test_slices_are_equal_and_pad_by_less_than_one_per_worker(sizes, world_size):
-    layout = ShardLayout(sizes, world_size, world_size - 1)
-    assert layout.padded_length == layout.shard_length * world_size
-    assert layout.total <= layout.padded_length < layout.total + world_size
-    assert layout.end == layout.padded_length
+def test_slices_tile_the_buffer_full_ones_first(sizes, world_size):
+    layouts = [ShardLayout(sizes, world_size, rank) for rank in range(world_size)]
+    assert layouts[0].start == 0 and layouts[-1].end == layouts[0].total
+    for before, after in itertools.pairwise(layouts):
+        assert before.end == after.start
+    lengths = [layout.end - layout.start for layout in layouts]
+    full = layouts[0].shard_length
+    assert lengths == sorted(lengths, reverse=True) and max(lengths) == full
+    assert all(layout.bounds(r) == (layouts[r].start, layouts[r].end)
+               for layout in layouts for r in range(world_size))
 
 
-def test_locate_names_the_tensor_and_element_or_the_padding():
-    layout = ShardLayout((3, 5, 1), world_size=2, rank=1)  # 9 elements, slices of 5
+def test_the_last_slice_holds_what_is_left():
+    layout = ShardLayout((3, 5, 1), world_size=2, rank=1)  # 9 elements, slices of 5 and 4
+    assert (layout.start, layout.end) == (5, 9)
     assert layout.pieces() == (Piece(1, 2, 0, 3), Piece(2, 0, 3, 1))
-    assert [layout.locate(i) for i in range(5)] == [(1, 2), (1, 3), (1, 4), (2, 0), None]
+    assert ShardLayout((2,), world_size=3, rank=2).bounds(2) == (2, 2)  # nothing left
 
 
 @pytest.mark.parametrize(("sizes", "world_size", "rank", "message"), [

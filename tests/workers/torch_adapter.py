@@ -50,11 +50,14 @@ def parameters(model: torch.nn.Module) -> dict:
 
 
 def train(name: str, kind: str, passes: int = 1, dtype=torch.float64, divide_loss=False,
-          clip: float | None = None, **wrapper) -> None:
+          clip: float | None = None, clip_with: str = "optimizer", replace_data=False,
+          **wrapper) -> None:
     """20 steps on this rank's shards through DistributedOptimizer + LinearScalingWarmup;
     with ``divide_loss`` each micro-batch's loss is divided by ``passes`` (Horovod's
     accumulation sums the micro-batches and leaves that to the script); with ``clip``
-    the averaged gradients are clipped to that norm between synchronize() and step()."""
+    the averaged gradients are clipped to that norm between synchronize() and step(), by
+    ``optimizer.clip_grad_norm_`` or (``clip_with="torch"``) torch's own; with
+    ``replace_data`` every parameter's ``data`` is replaced by a copy halfway."""
     x, y = make_data(dtype=dtype)
     # Rank 0 starts from the reference's weights; rank 1 from others until the broadcast.
     model = make_model(seed=123 if hvt.rank() == 0 else 999, dtype=dtype)
@@ -69,6 +72,9 @@ def train(name: str, kind: str, passes: int = 1, dtype=torch.float64, divide_los
     lrs, checksums = [], []
     for step in range(STEPS):
         lrs.append(optimizer.param_groups[0]["lr"])
+        if replace_data and step == STEPS // 2:
+            for parameter in model.parameters():
+                parameter.data = parameter.data.clone()
         optimizer.zero_grad()
         for micro in range(passes):
             part = rows(step, micro, hvt.rank(), passes)
@@ -77,7 +83,10 @@ def train(name: str, kind: str, passes: int = 1, dtype=torch.float64, divide_los
             optimizer.step()
         else:
             optimizer.synchronize()
-            optimizer.clip_grad_norm_(clip)
+            if clip_with == "torch":
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            else:
+                optimizer.clip_grad_norm_(clip)
             with optimizer.skip_synchronize():
                 optimizer.step()
         scheduler.step()
@@ -448,22 +457,20 @@ def scenario_sharded_refusals() -> None:
                                         model.named_parameters(), shard_state=True, **settings)
 
     attempt("lbfgs", lambda: sharded(torch.optim.LBFGS(model.parameters())))
-    attempt("overlap", lambda: sharded(overlap=True))
-    attempt("bf16", lambda: sharded(compression="bf16"))
+    attempt("adasum", lambda: sharded(op=hvt.Adasum))
     optimizer = sharded()
+    attempt("fingerprint", lambda: hvt.state_fingerprint(model, optimizer))
     x, y = make_data()
-    part = rows(0, 0, hvt.rank(), 1)
-    optimizer.zero_grad()
-    loss_fn(model, x[part], y[part]).backward()
-    optimizer.synchronize()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)  # p.grad: this rank's own
 
     def step() -> None:
-        with optimizer.skip_synchronize():
-            optimizer.step()
+        optimizer.zero_grad()
+        part = rows(0, 0, hvt.rank(), 1)
+        loss_fn(model, x[part].float(), y[part]).backward()
+        optimizer.step()
 
-    attempt("partial clip", step)
-    attempt("fingerprint", lambda: hvt.state_fingerprint(model, optimizer))
+    model.float()  # the parameters leave the float64 buffer they were sharded in
+    attempt("converted", step)
+    attempt("closure", lambda: optimizer.step(lambda: 0.0))
     report("sharded_refusals", errors=errors)
 
 
@@ -528,6 +535,10 @@ def main() -> None:
         "adamw_sharded_accumulate_clip": dict(kind="adamw", passes=2, clip=0.05,
                                               average_aggregated_gradients=True,
                                               shard_state=True),
+        "adamw_sharded_torch_clip": dict(kind="adamw", clip=0.05, clip_with="torch",
+                                         shard_state=True),
+        "sgd_sharded_overlap": dict(kind="sgd", overlap=True, shard_state=True),
+        "adamw_sharded_relinked": dict(kind="adamw", replace_data=True, shard_state=True),
     }
     run_scenarios(hvt.rank, {
         **{name: functools.partial(train, name, **settings)

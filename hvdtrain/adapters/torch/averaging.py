@@ -118,6 +118,11 @@ class CheckedAveraging:
             return None
         if nonfinite is not None:
             raise NonFiniteGradientError(nonfinite_gradient_message(step, nonfinite))
+        return self._apply_averaged(closure)
+
+    def _apply_averaged(self, closure=None):
+        """The step itself, once the gradients are averaged and checked (with
+        ``shard_state=True``, :meth:`.sharding.ShardedSteps._apply_averaged`)."""
         with self.skip_synchronize():
             return _HorovodOptimizer.step(self, closure)
 
@@ -139,8 +144,8 @@ class CheckedAveraging:
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip the averaged gradients by their global norm
         (``torch.nn.utils.clip_grad_norm_`` over this optimizer's parameters). Call it
-        after ``synchronize()`` and before ``step()`` inside ``skip_synchronize()``; with
-        ``shard_state=True`` this is the way to clip.
+        after ``synchronize()`` and before ``step()`` inside ``skip_synchronize()``
+        (``torch.nn.utils.clip_grad_norm_`` on the parameters there does the same).
 
         Returns:
             The norm before clipping.

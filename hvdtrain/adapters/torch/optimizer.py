@@ -108,18 +108,16 @@ def DistributedOptimizer(
         process_set: Horovod's: average over the ranks of this process set only (every
             rank of it must wrap its optimizer; ranks outside it do not take part).
         shard_state: keep only a 1/N slice of the optimizer state on each of the N
-            workers (ZeRO stages 1-2): the gradients are reduce-scattered, each worker
-            steps its slice of every param group's flattened parameters, and the slices
-            are all-gathered back, the communication of one allreduce. ``optimizer.state``
-            then holds this worker's slice; ``state_dict()`` gathers the whole state in
-            the unsharded format (every worker must call it) and ``load_state_dict``
-            takes this worker's slice of one, so checkpoints move freely between sharded
-            and unsharded runs on any number of workers. For optimizers whose update is
-            elementwise (SGD, Adam, AdamW, RMSprop, ...; others are refused). Clip with
-            ``optimizer.clip_grad_norm_(max_norm)`` after ``synchronize()``: ``p.grad``
-            keeps this worker's own gradient, and a change to it after ``synchronize()``
-            raises. Not with ``overlap=True``, ``groups``, bf16, Adasum, GradScaler,
-            ``join()`` or elastic jobs.
+            workers (ZeRO stage 1): the gradients are averaged as without it, each worker
+            steps its slice of every param group's flattened parameters, and broadcasts
+            it into the others'. ``optimizer.state`` then holds this worker's slice;
+            ``state_dict()`` gathers the whole state in the unsharded format (every worker
+            must call it) and ``load_state_dict`` takes this worker's slice of one, so
+            checkpoints move freely between sharded and unsharded runs on any number of
+            workers. For optimizers whose update is elementwise (SGD, Adam, AdamW,
+            RMSprop, ...; others are refused). The trained parameters become views into
+            one buffer per param group; convert or move the model before wrapping. Not
+            with Adasum, ``step(closure)``, ``join()`` or elastic jobs.
 
     Returns:
         The distributed optimizer; ``skipped_steps`` and ``steps_taken`` count its steps.
@@ -169,9 +167,7 @@ def DistributedOptimizer(
     require_instance("shard_state", shard_state, bool,
                      "True (each worker keeps a slice of the optimizer state) or False")
     if shard_state:
-        _require_shardable(optimizer, op=op, overlap=overlap, groups=groups or num_groups,
-                           compression=compression)
-        overlap = False
+        _require_shardable(optimizer, op=op)
     if num_groups:
         warnings.warn("num_groups is Horovod's deprecated spelling of groups; pass "
                       f"groups={num_groups} instead", DeprecationWarning, stacklevel=2)
@@ -211,17 +207,14 @@ def DistributedOptimizer(
         process_set=process_set, shard_state=shard_state)
 
 
-def _require_shardable(optimizer: torch.optim.Optimizer, *, op, overlap: bool | None,
-                       groups: Any, compression: str | None) -> None:
+def _require_shardable(optimizer: torch.optim.Optimizer, *, op) -> None:
     """Raise, saying what to change, unless ``shard_state=True`` can go with the rest."""
     require_elementwise(optimizer)
     clashes = [what for what, clash in (
-        ("op=hvt.Adasum", op == Adasum), ("overlap=True", overlap is True),
-        ("groups", bool(groups)), ("compression='bf16'", compression == "bf16"),
+        ("op=hvt.Adasum", op == Adasum),
         ("an elastic job (HOROVOD_ELASTIC=1)", elastic_job())) if clash]
     if clashes:
         raise ValueError(
-            f"shard_state=True cannot be combined with {', '.join(clashes)}: it reduce-scatters "
-            "every param group's gradients in one buffer after backward() (op Average or Sum, "
-            "compression None or 'fp16'), and elastic resets do not re-shard yet; drop "
-            "shard_state or the other settings")
+            f"shard_state=True cannot be combined with {', '.join(clashes)}: Adasum combines "
+            "whole gradients in its own optimizer, and elastic resets do not re-shard the "
+            "state yet; drop shard_state or the other setting")

@@ -1,13 +1,18 @@
 """Sharded optimizer state for :func:`.optimizer.DistributedOptimizer`
-(``shard_state=True``; ZeRO stage 1-2, Rajbhandari et al. 2020).
+(``shard_state=True``; ZeRO stage 1, Rajbhandari et al. 2020).
 
-Each param group's parameters are one flat buffer split among the workers
-(:class:`hvdtrain.sharding.ShardLayout`). ``synchronize()`` reduce-scatters the
-gradients, so each worker receives the average of its slice only; ``step()`` steps the
-slice with the user's optimizer, whose ``state`` then holds that slice's state alone,
-and all-gathers the slices back into the parameters. The communication is an
-allreduce's (a reduce-scatter and an all-gather); the optimizer state per worker is
-1/N of the whole.
+Each param group's trainable parameters become views into one flat buffer
+(:class:`hvdtrain.sharding.ShardLayout`), of which each worker owns one slice.
+``synchronize()`` averages the gradients as the unsharded optimizer does (one flat
+allreduce, so clipping, the non-finite check and join's count work unchanged);
+``step()`` steps this worker's slice with the user's optimizer, whose ``state`` then
+holds that slice's state alone, and each worker broadcasts its slice, in place, into
+everyone's buffer.
+
+Why an allreduce and broadcasts rather than ZeRO's reduce-scatter and all-gather:
+Horovod 0.28.1's reduce-scatter and all-gather of a large buffer take several times
+its allreduce and in-place broadcasts on MPI and Gloo (benchmarks/README.md, benchmark
+7); the bytes each worker keeps are the same.
 
 ``ShardedSteps``' methods replace :class:`.averaging.CheckedAveraging`'s in the class
 that :func:`.averaging.distributed_class` builds with ``sharded=True``.
@@ -15,18 +20,14 @@ that :func:`.averaging.distributed_class` builds with ``sharded=True``.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from typing import Any
 
 import horovod.torch as _hvd
 import torch
-from horovod.torch import Average, Sum
 
 from hvdtrain import watchdog
-from hvdtrain.adapters.torch._horovod import HorovodOptimizer, collective_for
-from hvdtrain.collective import gather
-from hvdtrain.nonfinite import NonFiniteGradientError, nonfinite_gradient_message
+from hvdtrain.adapters.torch._horovod import HorovodOptimizer
 from hvdtrain.sharding import ShardLayout
 
 __all__ = ["ELEMENTWISE_OPTIMIZERS", "ParameterShard", "ShardedSteps", "is_sharded",
@@ -64,71 +65,99 @@ def require_elementwise(optimizer: torch.optim.Optimizer) -> None:
 
 
 class ParameterShard:
-    """One param group's trainable parameters as one flat buffer, of which this worker
-    owns one slice: ``shard``, the parameter the user's optimizer steps.
+    """One param group's trainable parameters as views into one flat buffer, of which
+    this worker owns one slice: ``shard``, the parameter the user's optimizer steps (a
+    view too, so a step of it is a step of those parameters' elements).
 
     Args:
         parameters: the group's parameters that require a gradient, all of one dtype
-            and device.
-        layout: how their buffer is split, seen from this worker.
+            and device; from here on each one's ``data`` is a view into ``buffer``.
+        layout: how the buffer is split, seen from this worker.
     """
 
     def __init__(self, parameters: list[torch.Tensor], layout: ShardLayout) -> None:
         self.parameters = parameters
         self.layout = layout
-        self.pieces = layout.pieces()
         first = parameters[0]
-        self.shard = torch.nn.Parameter(
-            torch.zeros(layout.shard_length, dtype=first.dtype, device=first.device))
-        self._gradients: torch.Tensor | None = None  # kept: its padding stays zero
+        self.buffer = torch.empty(layout.total, dtype=first.dtype, device=first.device)
+        self._views = self.split(self.buffer)
+        for parameter, view in zip(parameters, self._views, strict=True):
+            view.copy_(parameter.detach())
+            parameter.data = view
+        self.shard = torch.nn.Parameter(self.buffer[layout.start:layout.end])
 
-    def pull_parameters(self) -> None:
-        """Copy this worker's slice of the parameters into ``shard``."""
-        flat_views = [p.detach().reshape(-1) for p in self.parameters]
-        for piece in self.pieces:
-            self.shard.data[piece.shard_offset:piece.shard_offset + piece.length].copy_(
-                flat_views[piece.tensor][piece.tensor_offset:piece.tensor_offset + piece.length])
+    def keep_linked(self, names: dict[torch.Tensor, str]) -> None:
+        """Put back into the buffer, value kept, any parameter whose ``data`` was replaced
+        (``p.data = ...``, ``load_state_dict(assign=True)``); refuse one whose shape,
+        dtype or device changed, which the buffer cannot follow."""
+        for parameter, view in zip(self.parameters, self._views, strict=True):
+            if parameter.data_ptr() == view.data_ptr() and parameter.shape == view.shape:
+                continue
+            if (parameter.shape, parameter.dtype, parameter.device) != (
+                    view.shape, view.dtype, view.device):
+                raise RuntimeError(
+                    f"parameter {names.get(parameter, '<unnamed>')!r} changed from "
+                    f"{tuple(view.shape)} {view.dtype} on {view.device} to "
+                    f"{tuple(parameter.shape)} {parameter.dtype} on {parameter.device} after "
+                    "DistributedOptimizer(shard_state=True) was made, but its sharded buffer "
+                    "cannot follow; move or convert the model before wrapping the optimizer")
+            view.copy_(parameter.detach())
+            parameter.data = view
 
-    def gradient_buffer(self) -> torch.Tensor:
-        """Every parameter's gradient (zeros for none) in one buffer, zero-padded to equal
-        slices (the same buffer every step)."""
-        if self._gradients is None:
-            self._gradients = self.shard.new_zeros(self.layout.padded_length)
-        buffer = self._gradients
-        for parameter, offset in zip(self.parameters, self.layout.offsets(), strict=True):
-            part = buffer[offset:offset + parameter.numel()]
-            if parameter.grad is None:
-                part.zero_()
-            else:
-                grad = parameter.grad.to_dense() if parameter.grad.is_sparse else parameter.grad
-                part.copy_(grad.reshape(-1))
-        return buffer
+    def gradient_slice(self) -> torch.Tensor:
+        """This worker's slice of the parameters' gradients: a view when they lie end to
+        end in one buffer (as hvdtrain's flat allreduce leaves them), else a copy (a
+        missing gradient counts as zeros)."""
+        gradients = [p.grad for p in self.parameters]
+        whole = _end_to_end(gradients)
+        if whole is not None:
+            return whole[self.layout.start:self.layout.end]
+        return self.slice_of(gradients)
 
     def split(self, buffer: torch.Tensor) -> list[torch.Tensor]:
-        """A whole buffer (the slices of every worker, gathered) as one tensor per
-        parameter, each shaped like it."""
+        """A whole buffer as one view per parameter, each shaped like it."""
         return [buffer[offset:offset + p.numel()].view_as(p)
                 for p, offset in zip(self.parameters, self.layout.offsets(), strict=True)]
-
-    def push_parameters(self, gathered: torch.Tensor) -> None:
-        """Write the gathered slices of every worker into the parameters."""
-        with torch.no_grad():
-            for parameter, value in zip(self.parameters, self.split(gathered), strict=True):
-                parameter.copy_(value)
 
     def slice_of(self, values: list[torch.Tensor | None]) -> torch.Tensor:
         """This worker's slice of per-parameter ``values`` (each shaped like its
         parameter; None counts as zeros), as a new tensor like ``shard``."""
-        buffer = self.shard.new_zeros(self.layout.padded_length)
-        for value, offset in zip(values, self.layout.offsets(), strict=True):
+        part = torch.zeros_like(self.shard.data)
+        for piece in self.layout.pieces():
+            value = values[piece.tensor]
             if value is not None:
-                buffer[offset:offset + value.numel()].copy_(value.reshape(-1))
-        return buffer[self.layout.start:self.layout.end].clone()
+                value = value.to_dense() if value.is_sparse else value
+                part[piece.shard_offset:piece.shard_offset + piece.length].copy_(
+                    value.reshape(-1)[piece.tensor_offset:piece.tensor_offset + piece.length])
+        return part
 
-    def parameter_at(self, shard_index: int) -> torch.Tensor | None:
-        """The parameter an element of the slice belongs to; None in the padding."""
-        found = self.layout.locate(shard_index)
-        return None if found is None else self.parameters[found[0]]
+    def broadcast_slices(self, process_set: Any, name: str) -> list[Any]:
+        """Start broadcasting each worker's slice of the buffer from it, in place
+        (Horovod handles; the process set's ``ranks`` are global ranks)."""
+        roots = process_set.ranks or list(range(self.layout.world_size))
+        handles = []
+        for index, root in enumerate(roots):
+            start, end = self.layout.bounds(index)
+            if start < end:
+                handles.append(_hvd.broadcast_async_(
+                    self.buffer[start:end], root_rank=root, name=f"{name}.{index}",
+                    process_set=process_set))
+        return handles
+
+
+def _end_to_end(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
+    """The 1-D view over ``tensors`` when they are dense, contiguous and laid end to end
+    in one storage, in order; otherwise None."""
+    first = tensors[0]
+    if any(t is None or t.is_sparse or not t.is_contiguous() for t in tensors):
+        return None
+    storage, position = first.untyped_storage().data_ptr(), first.data_ptr()
+    for tensor in tensors:
+        if tensor.untyped_storage().data_ptr() != storage or tensor.data_ptr() != position \
+                or tensor.dtype != first.dtype:
+            return None
+        position += tensor.numel() * tensor.element_size()
+    return first.as_strided((sum(t.numel() for t in tensors),), (1,))
 
 
 class ShardedSteps:
@@ -151,13 +180,6 @@ class ShardedSteps:
                     "each dtype and device in a param group of their own")
             self._shards.append(ParameterShard(parameters, ShardLayout(
                 tuple(p.numel() for p in parameters), world, rank)) if parameters else None)
-        self._shard_norm = 0.0
-        # (parameter, its gradient, that gradient's version) when synchronize() ended
-        self._gradient_versions: list[tuple[torch.Tensor, torch.Tensor, int]] = []
-
-    def _trained(self) -> list[torch.Tensor]:
-        """Every parameter in a shard (all that require a gradient)."""
-        return [p for shard in self._shards if shard is not None for p in shard.parameters]
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """torch's, until the shards are built; afterwards refused (they would not follow)."""
@@ -167,150 +189,36 @@ class ShardedSteps:
                 "shards are fixed; give every param group to the optimizer before wrapping it")
         super(self.__class__, self).add_param_group(param_group)
 
-    def synchronize(self) -> None:
-        """Reduce-scatter the gradients: afterwards each worker holds the average of its
-        slice (of the micro-batches' sum, or their mean with
-        ``average_aggregated_gradients``), and the L2 norm of all of them is known."""
-        passes = {self.backward_passes_per_step - left for left in self._allreduce_delay.values()}
-        divide = self.average_aggregated_gradients and self.backward_passes_per_step > 1
-        if divide and len(passes) > 1:
-            raise RuntimeError(
-                "with shard_state=True and average_aggregated_gradients every trainable "
-                f"parameter must get a gradient in each of the {self.backward_passes_per_step} "
-                f"backward passes of a step; these saw {sorted(passes)} passes. Use every "
-                "parameter in every pass, or set requires_grad=False on those you do not train")
-        self._reduce_scatter(1.0 / max(passes, default=1) if divide else 1.0)
-
-    def _reduce_scatter(self, postscale: float) -> None:
-        included = self.process_set.included()
-        predivide = self.gradient_predivide_factor if self.op == Average else 1.0
-        pending = []
-        for index, shard in enumerate(self._shards):
-            if shard is None:
-                continue
-            wire, context = self._compression.compress(shard.gradient_buffer())
-            handle = _hvd.reducescatter_async(
-                wire, name=f"hvdtrain.shard_gradients.{index}", op=self.op,
-                process_set=self.process_set, prescale_factor=1.0 / predivide,
-                postscale_factor=postscale * predivide) if included else None
-            pending.append((shard, wire, context, handle))
-        square_sum = 0.0  # of this worker's slices: each slice's norm, as torch's clip takes it
-        with watchdog.guard(f"the gradient reduce-scatter of step {self.steps_taken}"):
-            for shard, wire, context, handle in pending:
-                reduced = _hvd.synchronize(handle) if handle is not None else wire * postscale
-                shard.shard.grad = self._compression.decompress(reduced, context).to(
-                    shard.shard.dtype)
-                square_sum += float(torch.linalg.vector_norm(shard.shard.grad)) ** 2
-            square_sum = torch.tensor(square_sum, dtype=torch.float64)
-            if included:
-                square_sum = _hvd.allreduce(square_sum, op=Sum, name="hvdtrain.shard_norm",
-                                            process_set=self.process_set)
-        self._shard_norm = math.sqrt(square_sum.item())  # NaN and infinity stay so
-        self._gradient_versions = [(p, p.grad, p.grad._version) for p in self._trained()
-                                   if p.grad is not None]
-        for parameter in self._allreduce_delay:
-            self._allreduce_delay[parameter] = self.backward_passes_per_step
-        self._handles.clear()
-        self._synchronized = True
-
-    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """Clip the averaged gradients by their global L2 norm, as
-        ``torch.nn.utils.clip_grad_norm_`` does, over every worker's slice (the norm is
-        the one ``synchronize()`` reduced: no communication here). Call it after
-        ``synchronize()`` and before ``step()`` inside ``skip_synchronize()``.
-
-        Returns:
-            The norm before clipping.
-        """
-        self._require_synchronized_for("clip_grad_norm_")
-        if norm_type != 2.0:
-            raise ValueError(f"with shard_state=True clip_grad_norm_ takes the L2 norm "
-                             f"(norm_type=2.0), got norm_type={norm_type!r}")
-        total = self._shard_norm
-        coefficient = max_norm / (total + 1e-6)
-        if coefficient < 1.0:
-            for shard in self._shards:
-                if shard is not None and shard.shard.grad is not None:
-                    shard.shard.grad.mul_(coefficient)
-            self._shard_norm = total * coefficient
-        return torch.tensor(total)
-
-    def step(self, closure=None):
-        """Synchronize (unless already done), check, step this worker's slice with its
-        slice of the state, and all-gather the slices into the parameters."""
+    def _apply_averaged(self, closure=None):
+        """Step this worker's slice of every param group with its slice of the state,
+        then broadcast each worker's slice into everyone's parameters."""
         if closure is not None:
             raise ValueError("step(closure) with shard_state=True: a closure recomputes the "
-                             "gradients of the whole parameters, but the step uses the "
-                             "averaged slices; call backward() before step() instead")
-        if not self._synchronize_for_step():
-            self._require_untouched_gradients()
-        step, self.steps_taken = self.steps_taken, self.steps_taken + 1
-        if self.check_nonfinite and not math.isfinite(self._shard_norm):
-            if self.skip_nonfinite:  # the norm is the same on every rank: no vote
-                self.skipped_steps += 1
-                self._synchronized = False
-                return None
-            raise NonFiniteGradientError(
-                nonfinite_gradient_message(step, self._first_nonfinite_parameter()))
+                             "gradients after they were averaged, and the step would not "
+                             "see them; call backward() before step() instead")
         groups = [group["params"] for group in self.param_groups]
         for group, shard in zip(self.param_groups, self._shards, strict=True):
             if shard is not None:
-                shard.pull_parameters()
-            group["params"] = [shard.shard] if shard is not None else []
+                shard.keep_linked(self._parameter_names)
+                shard.shard.grad = shard.gradient_slice()
+            group["params"] = [shard.shard] if shard is not None and shard.shard.numel() else []
         try:
             with self.skip_synchronize():
                 result = HorovodOptimizer.step(self, closure)
         finally:
-            for group, params in zip(self.param_groups, groups, strict=True):
+            for group, params, shard in zip(self.param_groups, groups, self._shards,
+                                            strict=True):
                 group["params"] = params
-        self._all_gather_parameters()
+                if shard is not None:
+                    shard.shard.grad = None
+        if self.process_set.included():
+            handles = [handle for index, shard in enumerate(self._shards) if shard is not None
+                       for handle in shard.broadcast_slices(
+                           self.process_set, f"hvdtrain.shard_params.{index}")]
+            with watchdog.guard(f"the parameter broadcast of step {self.steps_taken - 1}"):
+                for handle in handles:
+                    _hvd.synchronize(handle)
         return result
-
-    def _all_gather_parameters(self) -> None:
-        included = self.process_set.included()
-        pending = []
-        for index, shard in enumerate(self._shards):
-            if shard is None:
-                continue
-            shard.shard.grad = None
-            handle = _hvd.allgather_async(shard.shard.data, name=f"hvdtrain.shard_params.{index}",
-                                          process_set=self.process_set) if included else None
-            pending.append((shard, handle))
-        with watchdog.guard(f"the parameter all-gather of step {self.steps_taken - 1}"):
-            for shard, handle in pending:
-                shard.push_parameters(_hvd.synchronize(handle) if handle is not None
-                                      else shard.shard.data)
-
-    def _require_untouched_gradients(self) -> None:
-        """Raise if a gradient changed (in place or replaced) after ``synchronize()``: with sharded
-        state the step uses the reduced slices, so the change would be lost (a norm over
-        ``p.grad`` is this worker's own, unaveraged, gradient's)."""
-        changed = [p for p, grad, version in self._gradient_versions
-                   if p.grad is not grad or grad._version != version]
-        if changed:
-            name = self._parameter_names.get(changed[0], "<unnamed>")
-            raise RuntimeError(
-                f"the gradient of {name!r} changed after optimizer.synchronize(), but with "
-                "shard_state=True step() applies the averaged slices synchronize() made, and "
-                "p.grad holds this worker's own gradient: torch.nn.utils.clip_grad_norm_ "
-                "there would clip by a partial norm. Clip with optimizer.clip_grad_norm_("
-                "max_norm) between synchronize() and step()")
-
-    def _first_nonfinite_parameter(self) -> str | None:
-        """The name of the first parameter with a non-finite averaged gradient element, on
-        any worker's slice (one object allgather; only when the norm is not finite)."""
-        found = None
-        for shard in self._shards:
-            if shard is None or shard.shard.grad is None or found is not None:
-                continue
-            bad = (~torch.isfinite(shard.shard.grad)).nonzero()
-            if len(bad):
-                parameter = shard.parameter_at(int(bad[0]))
-                found = self._parameter_names.get(parameter, "<unnamed>")
-        if not self.process_set.included():
-            return found
-        names = gather(collective_for(self.process_set), found, "hvdtrain.nonfinite_shard")
-        return next((name for name in names if name is not None), None)
 
     def state_dict(self) -> dict[str, Any]:
         """The whole optimizer state, gathered from every worker's slice, in the format
