@@ -16,11 +16,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
+import torch
 from harness import WORKERS
 from ssh_hosts import SshHosts
+from workers.torch_common import numbered_problem
 
 from hvdtrain.elastic import RESET_MARGIN_SECONDS
 from hvdtrain.launch import horovodrun_path, process_alive
@@ -172,13 +175,51 @@ def check_job(reports: list, first_size: int, final_size: int) -> dict:
             "commits_before": {r["step"] for r in commits if r["size"] == first_size}}
 
 
+def check_replay(reports: list, momentum: float = 0.9) -> None:
+    """The torch worker's sharded runs (``HVDTRAIN_TEST_SHARDED=1``) against one process
+    replaying the steps that stand (of each step, its last execution: a rolled-back one
+    was run again), each on the samples every rank reported with the rate it reported,
+    by SGD with ``momentum``: the final weights agree within 1e-10, so the momentum was
+    carried exactly through every re-shard."""
+    x, y = numbered_problem(SAMPLES)
+    steps = [r for r in reports if r["scenario"] == "step"]
+    last = {}
+    for r in steps:
+        if r["step"] not in last or r["time"] > last[r["step"]]["time"]:
+            last[r["step"]] = r
+    model = torch.nn.Linear(4, 1).double()
+    initial = next(r for r in reports if r["scenario"] == "initial")["weights"]
+    with torch.no_grad():
+        for name, value in initial.items():
+            model.get_parameter(name).copy_(torch.tensor(value, dtype=torch.float64))
+    optimizer = torch.optim.SGD(model.parameters(), lr=ETA, momentum=momentum)
+    for number in sorted(last):
+        size = last[number]["size"]
+        ranks = [r for r in steps if r["step"] == number and r["size"] == size]
+        assert sorted(r["rank"] for r in ranks) == list(range(size)), (number, ranks)
+        optimizer.zero_grad()
+        for r in ranks:
+            rows = torch.tensor(r["samples"])
+            (torch.nn.functional.mse_loss(model(x[rows]).squeeze(1), y[rows]) / size).backward()
+        optimizer.param_groups[0]["lr"] = last[number]["lr"]
+        optimizer.step()
+    for done in (r for r in reports if r["scenario"] == "done"):
+        for name, value in done["weights"].items():
+            expected = model.get_parameter(name).detach()
+            difference = (expected - torch.tensor(value, dtype=torch.float64)).abs().max()
+            assert difference <= 1e-10, (done["rank"], name, float(difference))
+
+
 def check_shrink(worker: str, tmp_path, *, victim: int = 2, ssh: SshHosts | None = None,
-                 **env: str) -> float:
+                 check: Callable[[list], None] | None = None, **env: str) -> float:
     """3 workers, rank ``victim`` killed mid-epoch: the others go on as 2 from the last
-    commit. Returns the recovery time: from the kill to the next completed step."""
+    commit; ``check`` sees the reports too. Returns the recovery time: from the kill to
+    the next completed step."""
     mode = {2: "shrink", 0: "lose-rank-0"}[victim]
     reports = elastic_job(tmp_path, worker, mode, ["host-a", "host-b", "host-c"], 2, 3,
                           ssh=ssh, **env)
+    if check is not None:
+        check(reports)
     facts = check_job(reports, first_size=3, final_size=2)
     killed = [r for r in reports if r["scenario"] == "killed"]
     assert [r["rank"] for r in killed] == [victim]
@@ -224,9 +265,13 @@ def check_below_min(worker: str, tmp_path, *, ssh: SshHosts | None = None,
           f", exit {job.returncode}")
 
 
-def check_grow(worker: str, tmp_path, *, ssh: SshHosts | None = None, **env: str) -> None:
-    """2 workers, a third host appears after step 8: the job goes on as 3."""
+def check_grow(worker: str, tmp_path, *, ssh: SshHosts | None = None,
+               check: Callable[[list], None] | None = None, **env: str) -> None:
+    """2 workers, a third host appears after step 8: the job goes on as 3; ``check``
+    sees the reports too."""
     reports = elastic_job(tmp_path, worker, "grow", ["host-a", "host-b"], 2, 3, ssh=ssh, **env)
+    if check is not None:
+        check(reports)
     facts = check_job(reports, first_size=2, final_size=3)
     # The third host joins at a commit after the one that offered it (step 8): one every
     # 4 steps or at an epoch's end, whichever the driver's notice reaches first.

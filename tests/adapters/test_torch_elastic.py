@@ -12,6 +12,9 @@ schedule and the data set:
   consumed once by the committed steps, the replicas end identical, the job exits 0.
 - lose-rank-0: the same with rank 0 killed.
 - grow: 2 workers, a third host appears; the job goes on as 3, the same way.
+- sharded shrink and grow: the same with ``DistributedOptimizer(shard_state=True)`` and
+  SGD with momentum, whose state each reset re-shards for the new number of workers;
+  the final weights equal one process replaying the steps that stand.
 - below-min: 3 workers with ``--min-np 3``, one killed: the job ends non-zero within
   the elastic timeout plus 60 s and leaves no worker behind, whether the launcher stops
   the survivors (the stand-in passes its termination on) or not (a stand-in that
@@ -21,7 +24,7 @@ The same scenarios over real ssh are in tests/test_ssh_cluster.py.
 """
 
 import pytest
-from elastic_jobs import check_below_min, check_grow, check_shrink
+from elastic_jobs import check_below_min, check_grow, check_replay, check_shrink
 
 pytestmark = pytest.mark.timeout(300)
 WORKER = "torch_elastic_train.py"
@@ -33,6 +36,14 @@ def test_a_killed_worker_leaves_the_others_training_with_the_rule_for_their_numb
 
 def test_a_worker_added_joins_with_the_rule_for_the_new_number(tmp_path):
     check_grow(WORKER, tmp_path)
+
+
+def test_a_sharded_state_is_resharded_when_a_worker_is_lost(tmp_path):
+    check_shrink(WORKER, tmp_path, check=check_replay, HVDTRAIN_TEST_SHARDED="1")
+
+
+def test_a_sharded_state_is_resharded_when_a_worker_joins(tmp_path):
+    check_grow(WORKER, tmp_path, check=check_replay, HVDTRAIN_TEST_SHARDED="1")
 
 
 def test_losing_rank_0_leaves_the_others_training(tmp_path):

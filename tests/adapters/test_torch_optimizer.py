@@ -153,7 +153,8 @@ def test_uneven_shares_with_join_average_over_the_ranks_that_still_have_data(
     assert max_difference(halved, reference) > 1e3 * FLOAT64_TOLERANCE
 
 
-def test_grad_scaler_steps_like_plain_averaging(torch_run):
+@pytest.mark.parametrize("name", ["grad_scaler", "grad_scaler_sharded"])
+def test_grad_scaler_steps_like_plain_averaging(torch_run, name):
     x, y = make_data(dtype=torch.float32)
     model = make_model(dtype=torch.float32)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -162,6 +163,6 @@ def test_grad_scaler_steps_like_plain_averaging(torch_run):
         loss_fn(model, x[global_rows(step, 1)], y[global_rows(step, 1)]).backward()
         optimizer.step()
     expected = {name: p.detach() for name, p in model.named_parameters()}
-    assert max_difference(tensors(torch_run, "grad_scaler"), expected) <= 1e-6
-    rank0, rank1 = torch_run.both("grad_scaler")
+    assert max_difference(tensors(torch_run, name), expected) <= 1e-6
+    rank0, rank1 = torch_run.both(name)
     assert rank0["checksum"] == rank1["checksum"]

@@ -294,11 +294,11 @@ def scenario_checkpoint() -> None:
     report("checkpoint_missing", error=missing_error)
 
 
-def scenario_grad_scaler() -> None:
+def scenario_grad_scaler(name: str, shard_state: bool = False) -> None:
     x, y = make_data(dtype=torch.float32)
     model = make_model(dtype=torch.float32)
     optimizer = hvt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                         model.named_parameters())
+                                         model.named_parameters(), shard_state=shard_state)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     for step in range(3):
         optimizer.zero_grad()
@@ -308,8 +308,8 @@ def scenario_grad_scaler() -> None:
         with optimizer.skip_synchronize():
             scaler.step(optimizer)
         scaler.update()
-    save("grad_scaler", parameters(model))
-    report("grad_scaler", checksum=checksum(model), scale=scaler.get_scale())
+    save(name, parameters(model))
+    report(name, checksum=checksum(model), scale=scaler.get_scale())
 
 
 def scenario_metrics_and_sampler() -> None:
@@ -550,7 +550,9 @@ def main() -> None:
         "skip_nonfinite": scenario_skip_nonfinite,
         "nonfinite_edges": scenario_nonfinite_edges,
         "checkpoint": scenario_checkpoint,
-        "grad_scaler": scenario_grad_scaler,
+        "grad_scaler": functools.partial(scenario_grad_scaler, "grad_scaler"),
+        "grad_scaler_sharded": functools.partial(scenario_grad_scaler, "grad_scaler_sharded",
+                                                 shard_state=True),
         "metrics": scenario_metrics_and_sampler,
         "horovod_api": scenario_horovod_api,
         "sharded_checkpoint": scenario_sharded_checkpoint,

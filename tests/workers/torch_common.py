@@ -19,6 +19,14 @@ WARMUP_EPOCHS = 2
 JOIN_STEPS = (3, 2)
 
 
+def numbered_problem(samples: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The elastic workers' data (tests/workers/torch_elastic_train.py): sample i is
+    (x_i, y_i) of a fixed float64 linear problem with 4 features."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(samples, 4, generator=generator, dtype=torch.float64)
+    return x, x @ torch.tensor([1.0, -2.0, 0.5, 3.0], dtype=torch.float64)
+
+
 def make_data(steps: int = STEPS, batch: int = BATCH_PER_WORKER * WORKERS * 4,
               dtype=torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
     """Enough rows for ``steps`` steps of the largest global batch used here."""

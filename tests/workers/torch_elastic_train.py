@@ -14,6 +14,11 @@ at each epoch's end. MODE:
 - ``grow``: starts on 2 workers; after the commit of step 8, rank 0 offers a third
   host through HOSTS; the job goes on as 3.
 
+With ``HVDTRAIN_TEST_SHARDED=1`` the optimizer is SGD with momentum 0.9 and
+``shard_state=True``, so each reset re-shards a state that matters; the reports then
+carry what one process needs to replay the steps that stand (rank 0's initial weights,
+each step's samples, the final weights).
+
 Each worker prints ``REPORT {json}`` lines: ``started`` (its pid and host name),
 ``step`` (rank, size, step, epoch and the
 learning rate the step used), ``commit`` (the (epoch, sample) pairs this rank
@@ -30,6 +35,7 @@ from pathlib import Path
 
 import torch
 from scenarios import report as report_for_rank
+from torch_common import numbered_problem
 
 import hvdtrain.adapters.torch as hvt
 from hvdtrain.adapters.torch import elastic
@@ -40,6 +46,7 @@ SAMPLES, BATCH, EPOCHS, COMMIT_EVERY = 240, 4, 2, 4
 KILL_AT, GROW_AFTER = 14, 8
 # Which rank of the first 3 kills itself at step KILL_AT, by mode.
 VICTIM = {"shrink": 2, "lose-rank-0": 0, "below-min": 2}.get(MODE)
+SHARDED = os.environ.get("HVDTRAIN_TEST_SHARDED") == "1"
 
 
 def report(scenario: str, **values) -> None:
@@ -51,9 +58,7 @@ class Numbered(torch.utils.data.Dataset):
     which samples a step consumed."""
 
     def __init__(self) -> None:
-        generator = torch.Generator().manual_seed(0)
-        self.x = torch.randn(SAMPLES, 4, generator=generator, dtype=torch.float64)
-        self.y = self.x @ torch.tensor([1.0, -2.0, 0.5, 3.0], dtype=torch.float64)
+        self.x, self.y = numbered_problem(SAMPLES)
 
     def __len__(self) -> int:
         return SAMPLES
@@ -71,8 +76,11 @@ def main() -> None:
     sampler = elastic.ElasticSampler(dataset, shuffle=True, seed=0)
     loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=sampler)
     model = torch.nn.Linear(4, 1).double()
-    optimizer = hvt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
-                                         model.named_parameters())
+    if SHARDED and hvt.rank() == 0:
+        report("initial", weights=weights(model))
+    optimizer = hvt.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9 if SHARDED else 0.0),
+        model.named_parameters(), shard_state=SHARDED)
     scheduler = hvt.LinearScalingWarmup(
         optimizer, batch_size_per_worker=BATCH, base_batch_size=BATCH, warmup_epochs=2,
         steps_per_epoch=SAMPLES // (BATCH * hvt.size()))
@@ -106,7 +114,7 @@ def main() -> None:
                 consumed.extend((state.epoch, i) for i in index.tolist())
                 state.step += 1
                 report("step", step=state.step - 1, epoch=state.epoch, lr=lr,
-                       time=time.time())
+                       time=time.time(), samples=index.tolist())
                 if state.step % COMMIT_EVERY == 0:
                     commit()
                     if (MODE == "grow" and state.step == GROW_AFTER and hvt.rank() == 0
@@ -120,7 +128,11 @@ def main() -> None:
     train(state)
     hvt.verify_replicas(model)
     report("done", fingerprint=hvt.state_fingerprint(model), steps=state.step,
-           gloo_timeout=os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS"))
+           gloo_timeout=os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS"), weights=weights(model))
+
+
+def weights(model: torch.nn.Module) -> dict:
+    return {name: p.detach().tolist() for name, p in model.named_parameters()}
 
 
 if __name__ == "__main__":

@@ -126,6 +126,15 @@ class CheckedAveraging:
         with self.skip_synchronize():
             return _HorovodOptimizer.step(self, closure)
 
+    def _abandon_step(self) -> None:
+        """Forget the step a failed collective interrupted (after an elastic reset): the
+        backward passes it counted, the allreduces it started, its synchronize()."""
+        for parameter in self._allreduce_delay:
+            self._allreduce_delay[parameter] = self.backward_passes_per_step
+        self._handles.clear()
+        self._contributors = None
+        self._synchronized = False
+
     def _synchronize_for_step(self) -> bool:
         """What ``step()`` does first: synchronize unless the user already did (then warn
         if they did so outside ``skip_synchronize()``). Returns whether it synchronized."""

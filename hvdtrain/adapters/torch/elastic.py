@@ -45,8 +45,11 @@ from horovod.common.elastic import run_fn
 from horovod.torch.elastic import ElasticSampler
 from horovod.torch.elastic import TorchState as _HorovodTorchState
 
+from hvdtrain.adapters.torch.replicas import broadcast_tree
 from hvdtrain.adapters.torch.scheduler import LinearScalingWarmup
+from hvdtrain.adapters.torch.sharding import is_sharded
 from hvdtrain.elastic import bounded_reset
+from hvdtrain.trees import map_leaves
 from hvdtrain.validation import require_instance
 
 __all__ = ["ElasticSampler", "TorchState", "run"]
@@ -108,6 +111,15 @@ class TorchState(_HorovodTorchState):
                              "DistributedSampler cannot re-shard the rest of an epoch)")
             extras["sampler"] = sampler
         super().__init__(model, optimizer, **extras)
+        abandon_step = getattr(optimizer, "_abandon_step", None)  # hvdtrain's optimizers'
+        if abandon_step is not None:
+            # A failed collective leaves its step half done: passes counted, handles open.
+            self.register_reset_callbacks([abandon_step])
+        if is_sharded(optimizer):
+            # Horovod's handler broadcasts the state as it is, slices of the old number
+            # of workers; this one keeps and re-shards the whole state.
+            self._handlers["optimizer"] = _ShardedOptimizerHandler(
+                optimizer, self._handlers["optimizer"]._saved_optimizer_state)
         if scheduler is not None:
             # After Horovod's handlers, so that it syncs after the optimizer (whose
             # broadcast state carries rank 0's rates) and sets the rates last.
@@ -140,3 +152,42 @@ class _SchedulerHandler:
                          "an hvdtrain LinearScalingWarmup")
         self.value = value
         self.save()
+
+
+class _ShardedOptimizerHandler:
+    """Horovod's state-handler protocol for a ``DistributedOptimizer(shard_state=True)``.
+
+    A commit keeps the whole state, gathered from every worker's slice, in host memory:
+    after a worker is lost its slice exists nowhere else. ``sync()`` (after every reset)
+    gives every worker rank 0's committed state and re-shards it for the workers there
+    are now (:meth:`.sharding.ShardedSteps.reshard`).
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+        self.value = optimizer
+        self._saved = _in_host_memory(saved)
+
+    def save(self) -> None:
+        self._saved = _in_host_memory(self.value.state_dict())  # every worker commits
+
+    def restore(self) -> None:
+        self.value.load_state_dict(self._saved)  # local; sync() re-shards after the reset
+
+    def sync(self) -> None:
+        whole = broadcast_tree(self._saved if _hvd.rank() == 0 else None, 0,
+                               "elastic.sharded_optimizer")
+        self.value.reshard(whole)
+        self._saved = _in_host_memory(whole)
+
+    def set_value(self, value: torch.optim.Optimizer) -> None:
+        if not is_sharded(value):
+            raise TypeError("state.optimizer was a DistributedOptimizer(shard_state=True); "
+                            "replace it with another one, or build a new TorchState")
+        self.value = value
+        self.save()
+
+
+def _in_host_memory(state: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``state`` whose tensors live in host memory."""
+    return map_leaves(state, lambda leaf: leaf.detach().to("cpu", copy=True)
+                      if isinstance(leaf, torch.Tensor) else copy.deepcopy(leaf))

@@ -210,11 +210,6 @@ def DistributedOptimizer(
 def _require_shardable(optimizer: torch.optim.Optimizer, *, op) -> None:
     """Raise, saying what to change, unless ``shard_state=True`` can go with the rest."""
     require_elementwise(optimizer)
-    clashes = [what for what, clash in (
-        ("op=hvt.Adasum", op == Adasum),
-        ("an elastic job (HOROVOD_ELASTIC=1)", elastic_job())) if clash]
-    if clashes:
-        raise ValueError(
-            f"shard_state=True cannot be combined with {', '.join(clashes)}: Adasum combines "
-            "whole gradients in its own optimizer, and elastic resets do not re-shard the "
-            "state yet; drop shard_state or the other setting")
+    if op == Adasum:
+        raise ValueError("shard_state=True cannot be combined with op=hvt.Adasum: Adasum "
+                         "combines whole gradients in its own optimizer; drop one of them")

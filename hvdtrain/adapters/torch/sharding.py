@@ -181,6 +181,14 @@ class ShardedSteps:
             self._shards.append(ParameterShard(parameters, ShardLayout(
                 tuple(p.numel() for p in parameters), world, rank)) if parameters else None)
 
+    def reshard(self, whole_state: dict[str, Any]) -> None:
+        """Split the parameters and ``whole_state`` (an unsharded-format state, as
+        :meth:`state_dict` makes) anew among the workers there are now: after an elastic
+        reset. Local: every worker must pass the same state."""
+        self._shards = None
+        self._build_shards()
+        self.load_state_dict(whole_state)
+
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """torch's, until the shards are built; afterwards refused (they would not follow)."""
         if getattr(self, "_shards", None) is not None:
@@ -196,6 +204,12 @@ class ShardedSteps:
             raise ValueError("step(closure) with shard_state=True: a closure recomputes the "
                              "gradients after they were averaged, and the step would not "
                              "see them; call backward() before step() instead")
+        world = self.process_set.size() if self.process_set.included() else 1
+        if any(shard is not None and shard.layout.world_size != world for shard in self._shards):
+            raise RuntimeError(
+                "the optimizer state is sharded for another number of workers than there "
+                f"are now ({world}): an elastic reset happened without re-sharding it; keep "
+                "the optimizer in hvdtrain.adapters.torch.elastic.TorchState, which does")
         groups = [group["params"] for group in self.param_groups]
         for group, shard in zip(self.param_groups, self._shards, strict=True):
             if shard is not None:
