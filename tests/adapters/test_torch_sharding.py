@@ -104,6 +104,13 @@ def test_what_sharding_cannot_do_is_refused_saying_what_to_do(torch_run, case, m
     assert "before wrapping" in torch_run.report("sharded_refusals")["errors"]["converted"]
 
 
+def test_a_worker_that_joins_early_is_refused_on_the_others_saying_why(torch_run):
+    rank0, rank1 = torch_run.both("join_sharded")
+    assert rank1["error"] is None  # it had fewer steps and joined
+    assert rank0["error"].startswith("a worker called join() while others still step")
+    assert "hvt.distributed_sampler" in rank0["error"]
+
+
 def test_a_nonfinite_gradient_on_one_rank_is_skipped_or_named_on_both(torch_run):
     rank0, rank1 = torch_run.both("sharded_nonfinite")
     for report in (rank0, rank1):

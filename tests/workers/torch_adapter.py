@@ -367,6 +367,22 @@ def scenario_join_uneven(name: str, **wrapping) -> None:
     save(name, parameters(model))
 
 
+def scenario_join_sharded() -> None:
+    """Uneven shares with shard_state=True: rank 1 joins after fewer steps; rank 0's
+    next step is refused, saying why, and rank 0 then joins too."""
+    x, y = make_data()
+    model = make_model()
+    optimizer = hvt.DistributedOptimizer(make_optimizer("sgd", model.parameters()),
+                                         model.named_parameters(), shard_state=True)
+    error = None
+    try:
+        train_uneven_share(hvt.rank(), model, optimizer, x, y)
+    except RuntimeError as refused:
+        error = str(refused)
+    hvt.join()
+    report("join_sharded", error=error)
+
+
 def scenario_horovod_api() -> None:
     """Horovod's own names, called through hvdtrain's module as a Horovod script would."""
     hvt.barrier()
@@ -559,6 +575,7 @@ def main() -> None:
         "sharded_refusals": scenario_sharded_refusals,
         "sharded_nonfinite": scenario_sharded_nonfinite,
         "join_uneven": functools.partial(scenario_join_uneven, "join_uneven"),
+        "join_sharded": scenario_join_sharded,
         "join_uneven_overlap": functools.partial(scenario_join_uneven, "join_uneven_overlap",
                                                  overlap=True),
         "join_uneven_groups": functools.partial(scenario_join_uneven, "join_uneven_groups",

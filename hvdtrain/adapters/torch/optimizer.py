@@ -117,7 +117,8 @@ def DistributedOptimizer(
             workers. For optimizers whose update is elementwise (SGD, Adam, AdamW,
             RMSprop, ...; others are refused). The trained parameters become views into
             one buffer per param group; convert or move the model before wrapping. Not
-            with Adasum, ``step(closure)``, ``join()`` or elastic jobs.
+            with Adasum, ``step(closure)`` or uneven shares (``join()``); in elastic
+            jobs through :class:`.elastic.TorchState`, which re-shards on a reset.
 
     Returns:
         The distributed optimizer; ``skipped_steps`` and ``steps_taken`` count its steps.

@@ -25,6 +25,7 @@ from typing import Any
 
 import horovod.torch as _hvd
 import torch
+from horovod.common.exceptions import HorovodInternalError
 
 from hvdtrain import watchdog
 from hvdtrain.adapters.torch._horovod import HorovodOptimizer
@@ -230,8 +231,18 @@ class ShardedSteps:
                        for handle in shard.broadcast_slices(
                            self.process_set, f"hvdtrain.shard_params.{index}")]
             with watchdog.guard(f"the parameter broadcast of step {self.steps_taken - 1}"):
-                for handle in handles:
-                    _hvd.synchronize(handle)
+                try:
+                    for handle in handles:
+                        _hvd.synchronize(handle)
+                except HorovodInternalError as error:
+                    if "with Join" not in str(error):
+                        raise
+                    raise RuntimeError(
+                        "a worker called join() while others still step, but with "
+                        "shard_state=True every worker steps its slice of the parameters "
+                        "each step; give every worker the same number of steps "
+                        "(hvt.distributed_sampler(dataset) pads the shares), or drop "
+                        "shard_state for uneven shares") from error
         return result
 
     def state_dict(self) -> dict[str, Any]:
