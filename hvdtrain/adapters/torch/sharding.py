@@ -4,7 +4,7 @@
 Each param group's trainable parameters become views into one flat buffer
 (:class:`hvdtrain.sharding.ShardLayout`), of which each worker owns one slice.
 ``synchronize()`` averages the gradients as the unsharded optimizer does (one flat
-allreduce, so clipping, the non-finite check and join's count work unchanged);
+allreduce, so clipping and the non-finite check work unchanged);
 ``step()`` steps this worker's slice with the user's optimizer, whose ``state`` then
 holds that slice's state alone, and each worker broadcasts its slice, in place, into
 everyone's buffer.
@@ -227,23 +227,27 @@ class ShardedSteps:
                 if shard is not None:
                     shard.shard.grad = None
         if self.process_set.included():
-            handles = [handle for index, shard in enumerate(self._shards) if shard is not None
-                       for handle in shard.broadcast_slices(
-                           self.process_set, f"hvdtrain.shard_params.{index}")]
-            with watchdog.guard(f"the parameter broadcast of step {self.steps_taken - 1}"):
-                try:
-                    for handle in handles:
-                        _hvd.synchronize(handle)
-                except HorovodInternalError as error:
-                    if "with Join" not in str(error):
-                        raise
-                    raise RuntimeError(
-                        "a worker called join() while others still step, but with "
-                        "shard_state=True every worker steps its slice of the parameters "
-                        "each step; give every worker the same number of steps "
-                        "(hvt.distributed_sampler(dataset) pads the shares), or drop "
-                        "shard_state for uneven shares") from error
+            self._share_slices()
         return result
+
+    def _share_slices(self) -> None:
+        """Broadcast each worker's stepped slice into everyone's parameters."""
+        handles = [handle for index, shard in enumerate(self._shards) if shard is not None
+                   for handle in shard.broadcast_slices(
+                       self.process_set, f"hvdtrain.shard_params.{index}")]
+        with watchdog.guard(f"the parameter broadcast of step {self.steps_taken - 1}"):
+            try:
+                for handle in handles:
+                    _hvd.synchronize(handle)
+            except HorovodInternalError as error:
+                if "with Join" not in str(error):
+                    raise
+                raise RuntimeError(
+                    "a worker called join() while others still step, but with "
+                    "shard_state=True every worker steps its slice of the parameters each "
+                    "step; give every worker the same number of steps "
+                    "(hvt.distributed_sampler(dataset) pads the shares), or drop "
+                    "shard_state for uneven shares") from error
 
     def state_dict(self) -> dict[str, Any]:
         """The whole optimizer state, gathered from every worker's slice, in the format
