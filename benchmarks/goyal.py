@@ -2,21 +2,31 @@
 
 Data: MNIST-1D (Greydanus 2020), made here by its generator: 25,000 training and
 5,000 validation sequences of 40 values, 10 classes. Model and training:
-goyal_worker.py (a small 1-D conv net, SGD with momentum), 2 ranks.
+goyal_worker.py (a small 1-D conv net, SGD with momentum), 2 ranks; two models, the
+net without normalisation and the same net with batch normalisation whose statistics
+are computed per worker batch of n = 16 examples, whatever k (the paper's section 2.3
+with n = 16 instead of 32: a rank's share of the k = 1 batch is 16).
 
-1. Accumulation is exact: one 2-rank x 4-pass run against one process on the
-   concatenated batch (the "8-worker equivalent"); the largest parameter difference
-   is reported.
+1. Accumulation is exact, for both models: one 2-rank x 4-pass run against one process
+   on the concatenated batch (the "8-worker equivalent"; with BN the process
+   normalises each worker's 16 examples on their own); the largest parameter
+   difference is reported.
 2. The baseline (k = 1, global batch 32) trains for each η of a small grid; the η with
-   the lowest mean validation error is the tuned η.
+   the lowest mean validation error is the tuned η. The BN model trains at the plain
+   model's tuned η (so the two differ only by BN; and the benchmark stays within its
+   30 minutes).
 3. From the tuned η, k = 2 ... 64 (global batch 32k) train with (a) kη and no warmup,
    (b) the paper's constant warmup (η for 5 epochs, then kη), (c) hvdtrain's gradual
-   warmup (η to kη over 5 epochs). Each rank runs micro-batches of at most 64 and
-   ``backward_passes_per_step`` makes up the rest, so k = 64 is 2 ranks x 16 passes.
+   warmup (η to kη over 5 epochs). Each rank runs micro-batches of at most 256 and
+   ``backward_passes_per_step`` makes up the rest, so k = 64 is 2 ranks x 4 passes
+   (with BN, each pass normalises its 16 groups of 16 on their own).
+4. To separate kη from k: k = 16, 32 and 64 again with gradual warmup from a quarter
+   of the tuned η (the same k, a quarter of kη), for both models.
 
-Every configuration runs with 3 seeds for the same number of epochs; the table reports
+Every configuration runs with 3 seeds for the same number of epochs; the tables report
 the final validation error, mean ± std. The paper leads us to expect (c) ≈ baseline up
-to some k, (a) and (b) worse at large k; the result is whatever is measured.
+to some k, (a) and (b) worse at large k, and BN to carry (c) further; the result is
+whatever is measured.
 """
 
 from __future__ import annotations
@@ -37,9 +47,14 @@ WARMUPS = ("none", "constant", "gradual")
 SEEDS = (1, 2, 3)
 EPOCHS, MILESTONES = 30, (10, 20, 27)  # the paper's 90 epochs, x0.1 at 30, 60 and 80
 BASE_BATCH = 32
-MICRO_BATCH_MAX = 64  # per rank and backward pass: the largest that still runs fast
+MICRO_BATCH_MAX = 256  # per rank and backward pass: the fastest per example here
 WORKERS = 2
 CURVE_KS = (16, 32)  # the k of the Figure 2 panels
+BN_GROUP = 16  # examples per worker batch that batch normalisation sees
+MODELS = {"plain": None, "bn": BN_GROUP}  # name -> bn_group
+MODEL_NAMES = {"plain": "MNIST-1D conv net",
+               "bn": f"MNIST-1D conv net with BN (n = {BN_GROUP})"}
+SMALLER_ETA_FACTOR, SMALLER_ETA_KS = 0.25, (16, 32, 64)
 VERIFY = {"passes": 4, "micro_batch": 16, "steps": 10}
 CONTROLLER = "mpi"  # lower small-message latency than Gloo here (see allreduce.json)
 TIMEOUT_S = 1800
@@ -66,14 +81,15 @@ def split_batch(k: int) -> tuple[int, int]:
     return micro_batch, per_rank // micro_batch
 
 
-def _runs(label: str, k: int, eta: float, warmups, seeds) -> list[dict]:
+def _runs(label: str, k: int, eta: float, warmups, seeds, bn_group: int | None) -> list[dict]:
     micro_batch, passes = split_batch(k)
     return [{"label": label, "k": k, "eta": eta, "warmup": warmup, "seed": seed,
-             "micro_batch": micro_batch, "passes": passes}
+             "micro_batch": micro_batch, "passes": passes, "bn_group": bn_group}
             for warmup in warmups for seed in seeds]
 
 
-def _train(data: Path, runs: list[dict], epochs: int, milestones, verify=None) -> dict:
+def _train(data: Path, runs: list[dict], epochs: int, milestones,
+           verify: list[dict] | None = None) -> dict:
     spec = Path(tempfile.mkdtemp(prefix="hvdtrain-goyal-")) / "runs.json"
     spec.write_text(json.dumps({"data": str(data), "epochs": epochs, "base_batch": BASE_BATCH,
                                 "milestones": list(milestones), "runs": runs,
@@ -108,83 +124,127 @@ def run(folder: Path, smoke: bool) -> dict:
     epochs, milestones = (2, (1,)) if smoke else (EPOCHS, MILESTONES)
     seeds = SEEDS[:1] if smoke else SEEDS
     etas, ks = (ETAS[1:2], (8,)) if smoke else (ETAS, KS)  # smoke: k=8 accumulates
+    smaller_ks = (8,) if smoke else SMALLER_ETA_KS
     progress(f"goyal: making MNIST-1D ({train_samples} training, "
              f"{samples - train_samples} validation sequences)")
     data = make_data(Path(tempfile.mkdtemp(prefix="hvdtrain-goyal-data-")), samples,
                      train_samples)
-    baselines, verified = {}, None
-    for eta in etas:
-        progress(f"goyal: baseline (k=1, global batch {BASE_BATCH}), η={eta}, "
-                 f"{len(seeds)} seeds" + ("" if verified else ", after the accumulation check"))
-        result = _train(data, _runs("baseline", 1, eta, ["none"], seeds), epochs, milestones,
-                        verify=None if verified else VERIFY)
-        verified = verified or result["verify"]
-        baselines[eta] = _summary(result["runs"])
-        progress(f"goyal: baseline η={eta}: {_cell(baselines[eta])} % validation error")
-    tuned = min(baselines, key=lambda eta: baselines[eta]["val_error_pct_mean"])
-    large: dict[int, dict[str, dict]] = {}
-    for k in ks:
-        micro_batch, passes = split_batch(k)
-        progress(f"goyal: k={k} (global batch {BASE_BATCH * k} = {WORKERS} ranks x "
-                 f"{passes} passes x {micro_batch}), η={tuned}, kη={k * tuned:g}, "
-                 f"{len(WARMUPS)} warmups x {len(seeds)} seeds")
-        trained = _train(data, _runs(f"k{k}", k, tuned, WARMUPS, seeds), epochs,
-                         milestones)["runs"]
-        large[k] = {warmup: _summary([r for r in trained if r["warmup"] == warmup])
-                    for warmup in WARMUPS}
-        progress(f"goyal: k={k}: " + ", ".join(f"{warmup} {_cell(summary)}"
-                                               for warmup, summary in large[k].items()))
+    tables, checks, smaller = {}, [], {}
+    for model, bn_group in MODELS.items():
+        model_etas = etas if model == "plain" else (tables["plain"]["tuned_eta"],)
+        tables[model], check = _table(data, model, bn_group, model_etas, ks, seeds, epochs,
+                                      milestones)
+        checks.append(check)
+        eta = tables[model]["tuned_eta"] * SMALLER_ETA_FACTOR
+        progress(f"goyal: {model}, k={', '.join(map(str, smaller_ks))} with gradual warmup "
+                 f"from η={eta:g} ({SMALLER_ETA_FACTOR:g} of the tuned η)")
+        trained = _train(data, [run for k in smaller_ks for run in _runs(
+            f"smaller-eta-k{k}", k, eta, ["gradual"], seeds, bn_group)], epochs,
+            milestones)["runs"]
+        smaller[model] = {"eta": eta, "large_batch": {
+            str(k): _summary([r for r in trained if r["k"] == k]) for k in smaller_ks}}
     seconds = time.monotonic() - started
+    plain = tables["plain"]
     write_result(folder, "goyal", {
         "data": f"MNIST-1D, made by mnist1d.data.make_dataset (seed 42): {train_samples} "
                 f"training / {samples - train_samples} validation sequences of 40, 10 classes",
         "model": "1-D conv net: conv 1->16 (5, stride 2), conv 16->16 (3, stride 2), "
-                 "linear 160->10, ReLU; 2.5 k parameters, no normalisation",
+                 "linear 160->10, ReLU; 2.5 k parameters; 'plain' without normalisation, "
+                 f"'bn' with batch normalisation after each convolution over groups of "
+                 f"{BN_GROUP} examples (one emulated worker's batch)",
         "optimizer": "SGD momentum 0.9, weight decay 1e-4", "workers": WORKERS,
         "epochs": epochs, "milestones": list(milestones), "gamma": 0.1, "warmup_epochs": 5,
         "base_batch": BASE_BATCH, "micro_batch_max": MICRO_BATCH_MAX, "etas": list(etas),
         "ks": list(ks), "seeds": list(seeds), "controller": CONTROLLER,
-    }, {"tuned_eta": tuned, "accumulation_check": verified,
-        "baselines": {str(eta): s for eta, s in baselines.items()},
-        "large_batch": {str(k): row for k, row in large.items()}, "seconds": seconds})
-    _plot_error_vs_batch(folder / "goyal.png", baselines[tuned], tuned, large)
-    _plot_curves(folder / "goyal_curves.png", baselines[tuned], tuned,
-                 {k: large[k] for k in CURVE_KS if k in large} or large)
+        "bn_group": BN_GROUP, "smaller_eta_factor": SMALLER_ETA_FACTOR,
+        "smaller_eta_ks": list(smaller_ks),
+    }, {**plain, "accumulation_check": checks, "bn": tables["bn"], "smaller_eta": smaller,
+        "seconds": seconds})
+    _plot_error_vs_batch(folder / "goyal.png", tables, smaller)
+    curve_ks = {k: plain["large_batch"][str(k)] for k in CURVE_KS if str(k) in
+                plain["large_batch"]} or {int(k): row for k, row in plain["large_batch"].items()}
+    _plot_curves(folder / "goyal_curves.png", plain["baselines"][str(plain["tuned_eta"])],
+                 plain["tuned_eta"], curve_ks)
     progress(f"goyal: done in {seconds / 60:.1f} min")
-    return {"tuned_eta": tuned, "baselines": baselines, "large_batch": large}
+    return {"tables": tables, "smaller_eta": smaller}
+
+
+def _table(data: Path, model: str, bn_group: int | None, etas, ks, seeds, epochs,
+           milestones) -> tuple[dict, dict]:
+    """One model's η tuning and Table 1 (``tuned_eta``, ``baselines``, ``large_batch``),
+    and its accumulation check."""
+    baselines, check = {}, None
+    for eta in etas:
+        progress(f"goyal: {model}: baseline (k=1, global batch {BASE_BATCH}), η={eta}, "
+                 f"{len(seeds)} seeds" + ("" if check else ", after the accumulation check"))
+        result = _train(data, _runs("baseline", 1, eta, ["none"], seeds, bn_group), epochs,
+                        milestones,
+                        verify=None if check else [{**VERIFY, "bn_group": bn_group}])
+        check = check or result["verify"][0]
+        baselines[eta] = _summary(result["runs"])
+        progress(f"goyal: {model}: baseline η={eta}: {_cell(baselines[eta])} % "
+                 "validation error")
+    tuned = min(baselines, key=lambda eta: baselines[eta]["val_error_pct_mean"])
+    large: dict[str, dict[str, dict]] = {}
+    for k in ks:
+        micro_batch, passes = split_batch(k)
+        progress(f"goyal: {model}: k={k} (global batch {BASE_BATCH * k} = {WORKERS} ranks x "
+                 f"{passes} passes x {micro_batch}), η={tuned}, kη={k * tuned:g}, "
+                 f"{len(WARMUPS)} warmups x {len(seeds)} seeds")
+        trained = _train(data, _runs(f"k{k}", k, tuned, WARMUPS, seeds, bn_group), epochs,
+                         milestones)["runs"]
+        large[str(k)] = {warmup: _summary([r for r in trained if r["warmup"] == warmup])
+                         for warmup in WARMUPS}
+        progress(f"goyal: {model}: k={k}: " + ", ".join(
+            f"{warmup} {_cell(summary)}" for warmup, summary in large[str(k)].items()))
+    return {"tuned_eta": tuned, "baselines": {str(eta): s for eta, s in baselines.items()},
+            "large_batch": large}, check
 
 
 def _cell(summary: dict) -> str:
     return f"{summary['val_error_pct_mean']:.2f} ± {summary['val_error_pct_std']:.2f}"
 
 
-def _plot_error_vs_batch(path: Path, baseline: dict, eta: float, large: dict) -> None:
-    """Figure 1's shape: final validation error against the global batch (mean over
-    seeds, bars from the best to the worst seed)."""
+def _plot_error_vs_batch(path: Path, tables: dict, smaller: dict) -> None:
+    """Figure 1's shape, one panel per model: final validation error against the global
+    batch (mean over seeds, bars from the best to the worst seed), and gradual warmup
+    from the smaller η at the largest k."""
     plt = pyplot()
-    figure, axes = plt.subplots(figsize=(7, 4.8))
-    mean, std = baseline["val_error_pct_mean"], baseline["val_error_pct_std"]
-    axes.axhspan(mean - std, mean + std, color="0.85")
-    axes.axhline(mean, color="k", linewidth=1, label=f"baseline, batch {BASE_BATCH} (± std)")
-    batches = [BASE_BATCH * k for k in large]
-    for warmup in WARMUPS:
-        means = [row[warmup]["val_error_pct_mean"] for row in large.values()]
-        spreads = [(mean - min(row[warmup]["val_error_pct"]),
-                    max(row[warmup]["val_error_pct"]) - mean)
-                   for mean, row in zip(means, large.values(), strict=True)]
-        axes.errorbar(batches, means, yerr=list(zip(*spreads, strict=True)), marker="o",
-                      capsize=3, label=f"{warmup} warmup")
-    axes.set_xscale("log", base=2)
-    axes.set_yscale("log")
-    axes.set_xticks(batches, [str(batch) for batch in batches])
-    axes.set_xlabel("global batch (k x 32)")
-    axes.set_ylabel("final validation error, % (mean; bars: best to worst seed)")
-    epochs = len(baseline["train_loss_mean"])
-    axes.set_title(f"MNIST-1D, 2 ranks x backward passes, η={eta} (tuned), {epochs} epochs")
-    axes.legend(fontsize=8)
+    figure, panels = plt.subplots(1, len(tables), figsize=(7 * len(tables), 4.8),
+                                  squeeze=False, sharey=True)
+    for axes, (model, table) in zip(panels.flat, tables.items(), strict=True):
+        eta = table["tuned_eta"]
+        baseline, large = table["baselines"][str(eta)], table["large_batch"]
+        mean, std = baseline["val_error_pct_mean"], baseline["val_error_pct_std"]
+        axes.axhspan(mean - std, mean + std, color="0.85")
+        axes.axhline(mean, color="k", linewidth=1, label=f"baseline, batch {BASE_BATCH} (± std)")
+        batches = [BASE_BATCH * int(k) for k in large]
+        for warmup in WARMUPS:
+            rows = [row[warmup] for row in large.values()]
+            _errorbar(axes, batches, rows, label=f"{warmup} warmup", marker="o")
+        if model in smaller:
+            rows = smaller[model]["large_batch"]
+            _errorbar(axes, [BASE_BATCH * int(k) for k in rows], list(rows.values()),
+                      label=f"gradual warmup, η={smaller[model]['eta']:g}", marker="s",
+                      linestyle="--", color="k")
+        axes.set_xscale("log", base=2)
+        axes.set_yscale("log")
+        axes.set_xticks(batches, [str(batch) for batch in batches])
+        axes.set_xlabel("global batch (k x 32)")
+        axes.set_ylabel("final validation error, % (mean; bars: best to worst seed)")
+        epochs = len(baseline["train_loss_mean"])
+        axes.set_title(f"{MODEL_NAMES[model]}, η={eta}, {epochs} epochs", fontsize=10)
+        axes.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def _errorbar(axes, batches: list[int], summaries: list[dict], **style) -> None:
+    means = [summary["val_error_pct_mean"] for summary in summaries]
+    spreads = [(mean - min(summary["val_error_pct"]), max(summary["val_error_pct"]) - mean)
+               for mean, summary in zip(means, summaries, strict=True)]
+    axes.errorbar(batches, means, yerr=list(zip(*spreads, strict=True)), capsize=3, **style)
 
 
 def _plot_curves(path: Path, baseline: dict, eta: float, rows: dict) -> None:
@@ -215,13 +275,45 @@ def targets(summary: dict) -> list[tuple[str, bool]]:
 
 
 def tables(result: dict) -> str:
-    """The report's tables (Markdown) from ``goyal.json``: the η tuning and Table 1."""
+    """The report's tables (Markdown) from ``goyal.json``: per model the η tuning and
+    Table 1, the accumulation checks, and the smaller-η runs."""
+    parts = [_model_tables(result)]
+    if "bn" in result:
+        group = result["settings"]["bn_group"]
+        parts.append(f"With batch normalisation over each worker's {group} examples:\n\n"
+                     f"{_model_tables(result['bn'])}")
+    checks = result.get("accumulation_check") or []
+    for check in checks if isinstance(checks, list) else [checks]:
+        norm = f", BN over {check['bn_group']}" if check.get("bn_group") else ""
+        parts.append(
+            f"Accumulation check ({check['workers']} ranks x {check['passes']} passes x "
+            f"{check['micro_batch']} examples{norm}, {check['steps']} steps, against one "
+            f"process on the concatenated batch of {check['global_batch']}): largest "
+            "parameter difference " + ", ".join(
+                f"{d:.1e} in {dtype}" for dtype, d in check["max_abs_parameter_difference"].items())
+            + ".")
+    if "smaller_eta" in result:
+        rows = []
+        for model, smaller in result["smaller_eta"].items():
+            table = result if model == "plain" else result[model]
+            for k, summary in smaller["large_batch"].items():
+                tuned = table["large_batch"][k]["gradual"]
+                rows.append([MODEL_NAMES[model], k, f"{tuned['target_lr']:g}", _seeds_cell(tuned),
+                             f"{summary['target_lr']:g}", _seeds_cell(summary)])
+        parts.append(markdown_table(
+            ["model", "k", "kη (tuned η)", "gradual warmup", "kη (smaller η)",
+             "gradual warmup, smaller η"], rows))
+    return "\n\n".join(parts)
+
+
+def _model_tables(result: dict) -> str:
+    """One model's η tuning and Table 1."""
     eta = result["tuned_eta"]
+    tuned = " (tuned)" if len(result["baselines"]) > 1 else " (the plain model's tuned η)"
     tuning = markdown_table(["η (k = 1)", "validation error, %"],
-                            [[f"{float(value):g}" + (" (tuned)" if float(value) == eta else ""),
+                            [[f"{float(value):g}" + (tuned if float(value) == eta else ""),
                               _cell(b)] for value, b in result["baselines"].items()])
-    baseline = result["baselines"][str(eta)] if str(eta) in result["baselines"] \
-        else result["baselines"][eta]
+    baseline = result["baselines"][str(eta)]
     rows = [["1 (baseline)", baseline["global_batch"], baseline["steps_per_epoch"], f"{eta:g}",
              _cell(baseline), "", ""]]
     for k, row in result["large_batch"].items():
@@ -231,14 +323,7 @@ def tables(result: dict) -> str:
                      *(_seeds_cell(row[w]) if w in row else "—" for w in WARMUPS)])
     table = markdown_table(["k", "global batch", "steps/epoch", "kη", "no warmup",
                             "constant warmup", "gradual warmup (hvdtrain)"], rows)
-    check = result.get("accumulation_check")
-    verified = "" if not check else (
-        f"\n\nAccumulation check ({check['workers']} ranks x {check['passes']} passes x "
-        f"{check['micro_batch']} examples, {check['steps']} steps, against one process on "
-        f"the concatenated batch of {check['global_batch']}): largest parameter difference "
-        + ", ".join(f"{d:.1e} in {dtype}"
-                    for dtype, d in check["max_abs_parameter_difference"].items()) + ".")
-    return tuning + "\n\n" + table + verified
+    return tuning + "\n\n" + table
 
 
 def _seeds_cell(summary: dict) -> str:

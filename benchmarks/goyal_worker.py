@@ -2,11 +2,12 @@
 ``python goyal_worker.py SPEC.json``.
 
 SPEC.json holds ``{"data": NPZ, "epochs", "milestones", "base_batch", "runs": [...],
-"verify": {...} or null}``. NPZ (written by goyal.py) holds MNIST-1D's training and
+"verify": [...]}``. NPZ (written by goyal.py) holds MNIST-1D's training and
 validation arrays ``x``, ``y``, ``x_val``, ``y_val``.
 
-Each run ``{"label", "k", "eta", "warmup", "seed", "micro_batch", "passes"}`` trains a
-fresh 1-D conv net (:func:`make_model`) with SGD (momentum 0.9, weight decay 1e-4)
+Each run ``{"label", "k", "eta", "warmup", "seed", "micro_batch", "passes", "bn_group"}``
+trains a fresh 1-D conv net (:func:`make_model`; with batch normalisation over groups of
+``bn_group`` examples when that is not null) with SGD (momentum 0.9, weight decay 1e-4)
 through hvdtrain's DistributedOptimizer. The global batch is k x base_batch: each of
 the 2 ranks runs ``passes`` backward passes of ``micro_batch`` examples per optimizer
 step (``backward_passes_per_step``, averaged: ``average_aggregated_gradients=True``),
@@ -18,10 +19,12 @@ so k counts ranks x passes, and the rate follows
 - ``constant``: η for the first 5 epochs, then kη (the paper's constant warmup).
 
 All decay by 10x at each milestone epoch; every k trains the same number of epochs,
-so a larger k takes fewer steps. ``verify`` (``{"passes", "micro_batch", "steps"}``)
-first checks that accumulation is exact: the 2-rank run with ``passes`` backward
-passes per step against one plain-PyTorch process on the concatenated batch, in
-float64 and float32. Rank 0 prints ``RESULT {json}``.
+so a larger k takes fewer steps. Each check of ``verify`` (a list of ``{"passes",
+"micro_batch", "steps", "bn_group"}``) first shows that accumulation is exact: the
+2-rank run with ``passes`` backward passes per step against one plain-PyTorch process
+on the concatenated batch, in float64 and float32 (with batch normalisation, the
+process normalises each group of ``bn_group`` consecutive examples on its own, as each
+emulated worker does). Rank 0 prints ``RESULT {json}``.
 """
 
 import json
@@ -37,15 +40,55 @@ from hvdtrain.schedule import LinearScalingSchedule
 WARMUP_EPOCHS, GAMMA, MOMENTUM, WEIGHT_DECAY = 5, 0.1, 0.9, 1e-4
 
 
-def make_model(seed: int, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+class GroupBatchNorm1d(torch.nn.BatchNorm1d):
+    """Batch normalisation whose training statistics are those of each group of
+    ``group`` consecutive examples of the batch, on its own: as if each group were one
+    worker's batch (Goyal et al. 2017, section 2.3: the BN batch size n is a property of
+    the model, whatever the number of workers). Evaluation uses the running statistics,
+    updated with the mean of the groups' statistics."""
+
+    def __init__(self, channels: int, group: int) -> None:
+        super().__init__(channels)
+        self.group = group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return super().forward(x)
+        batch, channels, length = x.shape
+        if batch % self.group:
+            raise ValueError(f"a batch of {batch} does not split into BN groups of {self.group}")
+        groups = batch // self.group
+        if groups == 1:
+            return super().forward(x)
+        grouped = x.view(groups, self.group, channels, length)
+        mean = grouped.mean(dim=(1, 3), keepdim=True)
+        var = grouped.var(dim=(1, 3), unbiased=False, keepdim=True)
+        with torch.no_grad():
+            count = self.group * length
+            self.running_mean.lerp_(mean.mean(dim=0).view(channels), self.momentum)
+            self.running_var.lerp_(var.mean(dim=0).view(channels) * count / (count - 1),
+                                   self.momentum)
+            self.num_batches_tracked += 1
+        normalised = (grouped - mean) * torch.rsqrt(var + self.eps)
+        return (normalised * self.weight.view(1, 1, channels, 1)
+                + self.bias.view(1, 1, channels, 1)).view(batch, channels, length)
+
+
+def make_model(seed: int, dtype: torch.dtype = torch.float32,
+               bn_group: int | None = None) -> torch.nn.Module:
     """Two strided 1-D convolutions (16 channels) and a linear classifier over 40 steps:
-    2.5 k parameters, no normalisation layer, so how a batch is split into
-    micro-batches does not change the gradient."""
+    2.5 k parameters. Without ``bn_group`` no normalisation layer, so how a batch is
+    split into micro-batches does not change the gradient; with it, each convolution
+    is followed by :class:`GroupBatchNorm1d` over groups of ``bn_group`` examples."""
     torch.manual_seed(seed)
+
+    def norm() -> list[torch.nn.Module]:
+        return [] if bn_group is None else [GroupBatchNorm1d(16, bn_group)]
+
     return torch.nn.Sequential(
         torch.nn.Unflatten(1, (1, 40)),
-        torch.nn.Conv1d(1, 16, 5, stride=2, padding=2), torch.nn.ReLU(),
-        torch.nn.Conv1d(16, 16, 3, stride=2, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv1d(1, 16, 5, stride=2, padding=2), *norm(), torch.nn.ReLU(),
+        torch.nn.Conv1d(16, 16, 3, stride=2, padding=1), *norm(), torch.nn.ReLU(),
         torch.nn.Flatten(), torch.nn.Linear(16 * 10, 10)).to(dtype)
 
 
@@ -79,7 +122,7 @@ def train(run: dict, spec: dict, data: dict[str, torch.Tensor]) -> dict:
     global_batch = micro_batch * passes * hvt.size()
     steps_per_epoch = len(x) // global_batch
     started = time.monotonic()
-    model = make_model(run["seed"])
+    model = make_model(run["seed"], bn_group=run.get("bn_group"))
     optimizer = hvt.DistributedOptimizer(
         sgd(model, run["eta"]),
         model.named_parameters(), backward_passes_per_step=passes,
@@ -118,6 +161,10 @@ def train(run: dict, spec: dict, data: dict[str, torch.Tensor]) -> dict:
         losses.append(epoch_metrics["loss"])
         errors.append(epoch_metrics["error"])
     with torch.no_grad():
+        for buffer in model.buffers():  # BN's running statistics: the mean over workers
+            if buffer.is_floating_point():
+                hvt.allreduce_(buffer, op=hvt.Average, name="goyal.bn_statistics")
+        model.eval()
         predictions = model(data["x_val"].float()).argmax(dim=1)
         val_error = float((predictions != data["y_val"]).float().mean())
     return {**run, "global_batch": global_batch, "steps_per_epoch": steps_per_epoch,
@@ -134,7 +181,8 @@ def verify_accumulation(check: dict, data: dict[str, torch.Tensor]) -> dict:
     differences = {}
     for dtype in (torch.float64, torch.float32):
         x, y = data["x"].to(dtype), data["y"]
-        model, reference = make_model(7, dtype), make_model(7, dtype)
+        model = make_model(7, dtype, check.get("bn_group"))
+        reference = make_model(7, dtype, check.get("bn_group"))
         optimizer = hvt.DistributedOptimizer(
             sgd(model, 0.05),
             model.named_parameters(), backward_passes_per_step=passes,
@@ -164,7 +212,7 @@ def main() -> None:
     torch.set_num_threads(1)
     hvt.init()
     data = load(spec["data"])
-    verified = verify_accumulation(spec["verify"], data) if spec.get("verify") else None
+    verified = [verify_accumulation(check, data) for check in spec.get("verify") or []]
     results = [train(run, spec, data) for run in spec["runs"]]
     if hvt.rank() == 0:
         print("RESULT " + json.dumps({"workers": hvt.size(), "verify": verified,

@@ -109,11 +109,14 @@ def summary_block(results: dict[str, dict]) -> str:
             rows.append(["the same for DDP's ZeroRedundancyOptimizer", model,
                          *zero(model, "step_ratio_to_whole")])
     goyal = results["goyal"]
-    largest = _largest_matching_k(goyal)
     controller = goyal["settings"]["controller"]
-    rows.append([f"Goyal: largest k where gradual warmup is within {GOYAL_MATCH_POINTS} "
-                 "points of k = 1", "MNIST-1D conv net",
-                 *(str(largest) if controller == c else "—" for c in ("gloo", "mpi"))])
+    for table, model in ((goyal, "MNIST-1D conv net"),
+                         (goyal.get("bn"), "MNIST-1D conv net with BN per worker")):
+        if table is not None:
+            largest = _largest_matching_k(table)
+            rows.append([f"Goyal: largest k where gradual warmup is within "
+                         f"{GOYAL_MATCH_POINTS} points of k = 1", model,
+                         *(str(largest) if controller == c else "—" for c in ("gloo", "mpi"))])
     return markdown_table(["measure", "model", "Gloo", "MPI"], rows)
 
 
