@@ -176,8 +176,8 @@ class _ShardedOptimizerHandler:
     def sync(self) -> None:
         whole = broadcast_tree(self._saved if _hvd.rank() == 0 else None, 0,
                                "elastic.sharded_optimizer")
-        self.value.reshard(whole)
-        self._saved = _in_host_memory(whole)
+        self.value.reshard(whole)  # it copies what it keeps
+        self._saved = whole  # rank 0's own saved copy, or the host tensors just received
 
     def set_value(self, value: torch.optim.Optimizer) -> None:
         if not is_sharded(value):
