@@ -38,6 +38,9 @@ def test_benchmark_smoke_run_writes_its_report_and_plot(name):
         checks = report["accumulation_check"]
         assert [bool(check["bn_group"]) for check in checks] == [False, True]
         assert all(check["max_abs_parameter_difference"]["float64"] <= 1e-12 for check in checks)
+        for table in (report, report["bn"]):  # seeds side by side (k=4) and one by one (k=32)
+            assert [row["gradual"]["seeds"] for row in table["large_batch"].values()] == \
+                [[1, 2], [1, 2]]
     assert (folder / f"{stem}.png").stat().st_size > 0
     assert "targets:" in done.stdout
     page = (folder / "README.md").read_text()  # benchmarks/README.md rendered from this run
@@ -54,14 +57,54 @@ def test_the_benchmark_pages_match_the_committed_results():
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr
 
 
+def _goyal_worker():
+    spec = importlib.util.spec_from_file_location("goyal_worker", BENCHMARKS / "goyal_worker.py")
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    return worker
+
+
+@pytest.mark.parametrize("bn_group", [None, 4])
+def test_goyal_seeds_side_by_side_train_as_nets_made_alone(bn_group):
+    """goyal_worker's make_model with 3 seeds is 3 nets, each as a lone net made after
+    its seed (conv, [BN], ReLU, conv, [BN], ReLU, linear) would be: the same initial
+    values, outputs, per-copy losses and gradients, each copy reading its own inputs."""
+    worker = _goyal_worker()
+    seeds = (4, 5, 6)
+    stacked = worker.make_model(seeds, torch.float64, bn_group)
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(8, 3, 40, generator=generator, dtype=torch.float64)
+    y = torch.randint(0, 10, (8, 3), generator=generator)
+    worker.copy_losses(stacked(x), y).sum().backward()
+    first, second, classifier = (layer for layer in stacked
+                                 if isinstance(layer, torch.nn.Conv1d))
+    for i, seed in enumerate(seeds):
+        torch.manual_seed(seed)
+        alone = [torch.nn.Conv1d(1, 16, 5, stride=2, padding=2), torch.nn.Conv1d(
+            16, 16, 3, stride=2, padding=1), torch.nn.Linear(160, 10)]
+        norms = [worker.GroupBatchNorm1d(16, bn_group) if bn_group else torch.nn.Identity()
+                 for _ in range(2)]
+        net = torch.nn.Sequential(alone[0], norms[0], torch.nn.ReLU(), alone[1], norms[1],
+                                  torch.nn.ReLU(), torch.nn.Flatten(), alone[2]).double()
+        logits = net(x[:, i:i + 1])
+        torch.nn.functional.cross_entropy(logits, y[:, i]).backward()
+        assert torch.allclose(stacked(x)[:, i], logits, atol=1e-12), seed
+        for layer, lone in zip((first, second, classifier), alone, strict=True):
+            rows = slice(i * lone.weight.shape[0], (i + 1) * lone.weight.shape[0])
+            for name in ("weight", "bias"):
+                mine, theirs = getattr(layer, name), getattr(lone, name)
+                assert torch.equal(mine[rows].detach().reshape(theirs.shape),
+                                   theirs.detach()), (seed, name)  # before any step
+                assert torch.allclose(mine.grad[rows].reshape(theirs.shape), theirs.grad,
+                                      atol=1e-12), (seed, name)
+
+
 def test_group_batch_norm_is_each_workers_batch_norm_on_its_own():
     """benchmarks/goyal_worker.py's GroupBatchNorm1d on 3 groups of 4 examples equals 3
     separate BatchNorm1d layers, one per group (an emulated worker's batch): the output,
     the gradients of the input and of the shared affine parameters (summed), and the
     running statistics (averaged)."""
-    spec = importlib.util.spec_from_file_location("goyal_worker", BENCHMARKS / "goyal_worker.py")
-    worker = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(worker)
+    worker = _goyal_worker()
     generator = torch.Generator().manual_seed(3)
     grouped = worker.GroupBatchNorm1d(5, group=4).double()
     with torch.no_grad():
