@@ -27,7 +27,7 @@ import hvdtrain.adapters.torch as hvt
 from hvdtrain.runtime import under_launcher
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=15)
     parser.add_argument("--batch-size-per-worker", type=int, default=32)
@@ -39,7 +39,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--resume", action="store_true",
                         help="continue from --checkpoint (epoch, weights, optimizer, schedule)")
     parser.add_argument("--seed", type=int, default=0)
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 def digits(seed: int) -> tuple[torch.utils.data.TensorDataset, torch.Tensor, torch.Tensor]:
@@ -95,8 +95,9 @@ def evaluate(model: torch.nn.Module, x_test: torch.Tensor, y_test: torch.Tensor)
     return total_correct / total
 
 
-def main() -> int:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> int:
+    """Train with the command-line options ``argv`` (default: this process's)."""
+    args = parse_args(argv)
     hvt.init()
     is_root = hvt.rank() == 0
     torch.manual_seed(args.seed + hvt.rank())  # differs per rank: broadcast_state fixes that

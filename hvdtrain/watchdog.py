@@ -68,13 +68,15 @@ class Watchdog:
 
     def __init__(self, rank: int, size: int, timeout_s: float, *, poll_s: float = 0.5,
                  stream: TextIO | None = None,
-                 on_expiry: Callable[[], None] = lambda: os._exit(EXIT_CODE)) -> None:
+                 on_expiry: Callable[[], None] = lambda: os._exit(EXIT_CODE),
+                 on_report: Callable[[str], None] | None = None) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s}")
         self.rank, self.size, self.timeout_s = rank, size, timeout_s
         self._poll_s = poll_s
         self._stream = stream
         self._on_expiry = on_expiry
+        self._on_report = on_report
         self._waits: dict[int, tuple[Description, float]] = {}
         self._tokens = itertools.count()
         self._lock = threading.Lock()
@@ -132,7 +134,14 @@ class Watchdog:
 
     def _expire(self, what: Description, waited_s: float) -> None:
         stream = self._stream or sys.stderr
-        print(self.report(what, waited_s), file=stream, flush=True)
+        report = self.report(what, waited_s)
+        print(report, file=stream, flush=True)
+        if self._on_report is not None:
+            try:
+                self._on_report(report)
+            except Exception as error:  # the process must still end
+                print(f"hvdtrain: could not forward the watchdog's report: {error}",
+                      file=stream, flush=True)
         print(f"hvdtrain: the Python stacks of rank {self.rank}:", file=stream, flush=True)
         faulthandler.dump_traceback(file=stream, all_threads=True)
         stream.flush()
@@ -140,6 +149,14 @@ class Watchdog:
 
 
 _active: Watchdog | None = None
+_report_sink: Callable[[str], None] | None = None
+
+
+def forward_reports(sink: Callable[[str], None] | None) -> None:
+    """Also hand this process's watchdog report to ``sink`` before the process ends
+    (hvdtrain.ray sends it to the driver); takes effect at the next :func:`start`."""
+    global _report_sink
+    _report_sink = sink
 
 
 def start(rank: int, size: int) -> None:
@@ -151,7 +168,7 @@ def start(rank: int, size: int) -> None:
         _active = None
     limit = timeout_seconds()
     if size > 1 and limit > 0:
-        _active = Watchdog(rank, size, limit)
+        _active = Watchdog(rank, size, limit, on_report=_report_sink)
 
 
 def guard(what: Description) -> AbstractContextManager[None]:

@@ -28,6 +28,31 @@ def test_a_wait_longer_than_the_limit_is_reported_with_the_stacks(tmp_path):
     assert "test_a_wait_longer_than_the_limit_is_reported" in report  # this thread's stack
 
 
+@pytest.mark.parametrize("sink_fails", [False, True])
+def test_the_report_is_forwarded_before_the_process_ends(tmp_path, sink_fails):
+    """on_report (hvdtrain.ray's way to the driver) gets the report first; a sink that
+    fails is said so and the process still ends."""
+    events = []
+
+    def sink(report):
+        events.append(("report", report))
+        if sink_fails:
+            raise ConnectionError("driver gone")
+
+    expired = threading.Event()
+    stream = (tmp_path / "report.txt").open("w+")
+    dog = Watchdog(1, 2, 0.2, poll_s=0.05, stream=stream,
+                   on_expiry=lambda: events.append(("expired",)) or expired.set(),
+                   on_report=sink)
+    with dog.guard("the broadcast"):
+        assert expired.wait(5)
+    assert [event[0] for event in events] == ["report", "expired"]
+    assert events[0][1].startswith("hvdtrain: rank 1 of 2 waited")
+    stream.seek(0)
+    assert ("could not forward the watchdog's report: driver gone" in stream.read()) \
+        == sink_fails
+
+
 def test_waits_within_the_limit_end_nothing(tmp_path):
     dog, expired, _ = _expiring_watchdog(tmp_path, 0.5)
     for _ in range(10):

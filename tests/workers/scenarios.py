@@ -18,9 +18,18 @@ from collections.abc import Callable
 ONLY = "HVDTRAIN_TEST_SCENARIOS"
 
 
+REPORTS_FILE = "HVDTRAIN_TEST_REPORTS"
+
+
 def report(rank: int, scenario: str, **values) -> None:
-    """Print one ``REPORT {json}`` line for ``scenario`` on ``rank``."""
-    print("REPORT " + json.dumps({"scenario": scenario, "rank": rank, **values}), flush=True)
+    """Print one ``REPORT {json}`` line for ``scenario`` on ``rank``; with
+    ``HVDTRAIN_TEST_REPORTS=FILE`` also append it to FILE (where stdout does not reach
+    the test, as on Ray)."""
+    line = "REPORT " + json.dumps({"scenario": scenario, "rank": rank, **values})
+    print(line, flush=True)
+    if os.environ.get(REPORTS_FILE):
+        with open(os.environ[REPORTS_FILE], "a") as file:  # one write, appended whole
+            file.write(line + "\n")
 
 
 def run_scenarios(rank: Callable[[], int], scenarios: dict[str, Callable[[], None]]) -> None:

@@ -41,11 +41,10 @@ import hvdtrain.adapters.torch as hvt
 from hvdtrain.adapters.torch import elastic
 from hvdtrain.local_hosts import LocalHosts
 
-MODE, HOSTS = sys.argv[1], LocalHosts(Path(sys.argv[2]))
 SAMPLES, BATCH, EPOCHS, COMMIT_EVERY = 240, 4, 2, 4
 KILL_AT, GROW_AFTER = 14, 8
 # Which rank of the first 3 kills itself at step KILL_AT, by mode.
-VICTIM = {"shrink": 2, "lose-rank-0": 0, "below-min": 2}.get(MODE)
+VICTIMS = {"shrink": 2, "lose-rank-0": 0, "below-min": 2}
 SHARDED = os.environ.get("HVDTRAIN_TEST_SHARDED") == "1"
 
 
@@ -67,7 +66,9 @@ class Numbered(torch.utils.data.Dataset):
         return index, self.x[index], self.y[index]
 
 
-def main() -> None:
+def main(mode: str, hosts: LocalHosts | None) -> None:
+    """Train in ``mode``; ``hosts`` (needed by ``grow`` only) is the job's LocalHosts."""
+    victim = VICTIMS.get(mode)
     hvt.init()
     report("started", pid=os.getpid(), host=socket.gethostname())
     torch.set_num_threads(1)
@@ -102,7 +103,7 @@ def main() -> None:
         consumed.clear()  # what was consumed since the last commit was rolled back
         while state.epoch < EPOCHS:
             for batch, (index, x, y) in enumerate(loader):
-                if state.step == KILL_AT and hvt.rank() == VICTIM and hvt.size() == 3:
+                if state.step == KILL_AT and hvt.rank() == victim and hvt.size() == 3:
                     report("killed", step=state.step, time=time.time())
                     os.kill(os.getpid(), signal.SIGKILL)
                 lr = optimizer.param_groups[0]["lr"]
@@ -117,9 +118,9 @@ def main() -> None:
                        time=time.time(), samples=index.tolist())
                 if state.step % COMMIT_EVERY == 0:
                     commit()
-                    if (MODE == "grow" and state.step == GROW_AFTER and hvt.rank() == 0
+                    if (mode == "grow" and state.step == GROW_AFTER and hvt.rank() == 0
                             and hvt.size() == 2):
-                        HOSTS.set(["host-a", "host-b", "host-c"])
+                        hosts.set(["host-a", "host-b", "host-c"])
                 time.sleep(0.05)  # leave the driver time to notice a new host
             state.epoch += 1
             sampler.set_epoch(state.epoch)
@@ -136,4 +137,4 @@ def weights(model: torch.nn.Module) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1], LocalHosts(Path(sys.argv[2])))
