@@ -73,7 +73,7 @@ def run(train: Callable[..., Result], *, num_workers: int | None = None,
         args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
         cpus_per_worker: int = 1, use_gpu: bool = False,
         env: Mapping[str, str] | None = None, timeout_s: float | None = None,
-        elastic_timeout_s: int = 600) -> list[Result]:
+        elastic_timeout_s: int = 600, nics: Sequence[str] | None = None) -> list[Result]:
     """Run ``train(*args, **kwargs)`` on every worker of a Horovod job on the Ray cluster
     this process is connected to (``ray.init()``); the workers' return values, in rank
     order (elastic: the workers that finished).
@@ -91,6 +91,9 @@ def run(train: Callable[..., Result], *, num_workers: int | None = None,
         timeout_s: stop a fixed-size job and raise if it has not finished by then (an
             elastic job ends by Horovod's elastic driver instead: ``elastic_timeout_s``).
         elastic_timeout_s: how long an elastic job waits for ``min_workers``.
+        nics: the network interfaces the workers' Gloo uses (``horovodrun
+            --network-interfaces``); by default Horovod finds one every node shares by
+            running probe tasks on each node.
 
     Raises:
         RankFailed: a worker raised, died, or was ended by the collective watchdog;
@@ -119,7 +122,8 @@ def run(train: Callable[..., Result], *, num_workers: int | None = None,
     if not ray.is_initialized():
         raise RuntimeError("hvdtrain.ray.run needs a Ray cluster: call ray.init() first "
                            "(ray.init(address='auto') to join a running one)")
-    settings = RayExecutor.create_settings(timeout_s=_START_TIMEOUT_S)
+    settings = RayExecutor.create_settings(timeout_s=_START_TIMEOUT_S,
+                                           nics=set(nics) if nics else None)
     kwargs = dict(kwargs or {})
     if min_workers is not None:
         executor = RayExecutor(settings, min_workers=min_workers, max_workers=max_workers,
