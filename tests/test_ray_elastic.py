@@ -25,7 +25,7 @@ import pytest
 pytest.importorskip("ray", reason="the ray extra is not installed (scripts/setup.sh "
                                     "installs it)")
 
-from elastic_jobs import check_replay, check_shrunk  # noqa: E402
+from elastic_jobs import check_replay, check_shrunk
 
 TESTS = Path(__file__).parent
 NODES = ("127.0.0.1", "127.0.0.2", "127.0.0.3")  # the head, then one per other node
