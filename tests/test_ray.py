@@ -100,7 +100,7 @@ def test_a_stalled_collective_ends_the_job_with_the_watchdogs_report(cluster):
     started = time.monotonic()
     with pytest.raises(hvdtrain.ray.RankFailed) as failure:
         hvdtrain.ray.run(jobs.fail, num_workers=WORKERS, args=["skip"], timeout_s=120,
-                         env={"HVDTRAIN_COLLECTIVE_TIMEOUT_SECONDS": "8"})
+                         env={"HVDTRAIN_COLLECTIVE_TIMEOUT_SECONDS": "4"})
     message = str(failure.value)
     assert failure.value.rank == 0
     assert "rank 0 of 2 was ended by the collective watchdog" in message
@@ -112,8 +112,8 @@ def test_a_stalled_collective_ends_the_job_with_the_watchdogs_report(cluster):
 @pytest.mark.timeout(120)
 def test_a_job_past_its_timeout_is_stopped(cluster):
     jobs = _ray_jobs()
-    with pytest.raises(LaunchError, match="did not finish within 5 s"):
-        hvdtrain.ray.run(jobs.fail, num_workers=WORKERS, args=["none"], timeout_s=5)
+    with pytest.raises(LaunchError, match="did not finish within 3 s"):
+        hvdtrain.ray.run(jobs.fail, num_workers=WORKERS, args=["none"], timeout_s=3)
     _no_worker_left()
 
 
