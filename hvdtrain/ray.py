@@ -103,6 +103,30 @@ def run(train: Callable[..., Result], *, num_workers: int | None = None,
     import ray
     from horovod.ray import RayExecutor
 
+    _refuse_bad_arguments(num_workers, min_workers, max_workers, cpus_per_worker, timeout_s)
+    if not ray.is_initialized():
+        raise RuntimeError("hvdtrain.ray.run needs a Ray cluster: call ray.init() first "
+                           "(ray.init(address='auto') to join a running one)")
+    settings = RayExecutor.create_settings(timeout_s=_START_TIMEOUT_S,
+                                           nics=set(nics) if nics else None)
+    args, kwargs, env = list(args), dict(kwargs or {}), dict(env or {})
+    if min_workers is not None:
+        executor = RayExecutor(settings, min_workers=min_workers, max_workers=max_workers,
+                               cpus_per_worker=cpus_per_worker, use_gpu=use_gpu,
+                               elastic_timeout=elastic_timeout_s)
+        executor.start(extra_env_vars=env)
+        results = executor.run(train, args=args, kwargs=kwargs)
+    else:
+        executor = RayExecutor(settings, num_workers=num_workers,
+                               cpus_per_worker=cpus_per_worker, use_gpu=use_gpu)
+        results = _run_fixed_size(executor, train, args, kwargs, env, timeout_s)
+    time.sleep(_OUTPUT_GRACE_S)
+    return results
+
+
+def _refuse_bad_arguments(num_workers: int | None, min_workers: int | None,
+                          max_workers: int | None, cpus_per_worker: int,
+                          timeout_s: float | None) -> None:
     if (num_workers is None) == (min_workers is None):
         raise ValueError("pass either num_workers (a fixed-size job) or min_workers (an "
                          f"elastic job), got num_workers={num_workers!r} and "
@@ -119,35 +143,26 @@ def run(train: Callable[..., Result], *, num_workers: int | None = None,
                              "fewer than min_workers are left for elastic_timeout_s")
     if timeout_s is not None and not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0 seconds or None, got {timeout_s!r}")
-    if not ray.is_initialized():
-        raise RuntimeError("hvdtrain.ray.run needs a Ray cluster: call ray.init() first "
-                           "(ray.init(address='auto') to join a running one)")
-    settings = RayExecutor.create_settings(timeout_s=_START_TIMEOUT_S,
-                                           nics=set(nics) if nics else None)
-    kwargs = dict(kwargs or {})
-    if min_workers is not None:
-        executor = RayExecutor(settings, min_workers=min_workers, max_workers=max_workers,
-                               cpus_per_worker=cpus_per_worker, use_gpu=use_gpu,
-                               elastic_timeout=elastic_timeout_s)
-        executor.start(extra_env_vars=dict(env or {}))
-        results = executor.run(train, args=list(args), kwargs=kwargs)
-        time.sleep(_OUTPUT_GRACE_S)
-        return results
-    executor = RayExecutor(settings, num_workers=num_workers,
-                           cpus_per_worker=cpus_per_worker, use_gpu=use_gpu)
-    executor.start(extra_env_vars=dict(env or {}))
-    reports = ray.remote(num_cpus=0)(_WatchdogReports).remote()
-    workers = list(executor.adapter.workers)
+
+
+def _run_fixed_size(executor: Any, train: Callable[..., Result], args: list, kwargs: dict,
+                    env: dict, timeout_s: float | None) -> list[Result]:
+    """Start ``executor``'s workers, run ``train`` on each, watch them all; whatever
+    happens, every worker is killed and the executor shut down before returning."""
+    import ray
+
+    workers: list = []
+    reports = None
     try:
+        executor.start(extra_env_vars=env)
+        workers = list(executor.adapter.workers)
+        reports = ray.remote(num_cpus=0)(_WatchdogReports).remote()
         pending = {worker.execute.remote(_as_rank(train, args, kwargs, rank, reports)): rank
                    for rank, worker in enumerate(workers)}
-        results = _gather(pending, num_workers, reports, timeout_s)
-        time.sleep(_OUTPUT_GRACE_S)
-        return results
+        return _gather(pending, len(workers), reports, timeout_s)
     finally:
-        for worker in workers:
-            ray.kill(worker)
-        ray.kill(reports)
+        for actor in [*workers, *([reports] if reports is not None else [])]:
+            ray.kill(actor)
         executor.shutdown()
 
 

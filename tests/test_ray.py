@@ -40,8 +40,10 @@ def cluster():
 
 
 def _ray_jobs():
-    import sys
-    sys.path.insert(0, str(TESTS / "workers"))
+    """tests/workers/ray_jobs.py, imported as the workers import it (a top-level module:
+    Ray ships its functions by name)."""
+    if str(TESTS / "workers") not in sys.path:
+        sys.path.insert(0, str(TESTS / "workers"))
     import ray_jobs
     return ray_jobs
 
