@@ -151,17 +151,16 @@ def _run_fixed_size(executor: Any, train: Callable[..., Result], args: list, kwa
     happens, every worker is killed and the executor shut down before returning."""
     import ray
 
+    reports = ray.remote(num_cpus=0)(_WatchdogReports).remote()
     workers: list = []
-    reports = None
     try:
         executor.start(extra_env_vars=env)
         workers = list(executor.adapter.workers)
-        reports = ray.remote(num_cpus=0)(_WatchdogReports).remote()
         pending = {worker.execute.remote(_as_rank(train, args, kwargs, rank, reports)): rank
                    for rank, worker in enumerate(workers)}
         return _gather(pending, len(workers), reports, timeout_s)
     finally:
-        for actor in [*workers, *([reports] if reports is not None else [])]:
+        for actor in (*workers, reports):
             ray.kill(actor)
         executor.shutdown()
 
