@@ -3,7 +3,8 @@
 
 The same models, batches, optimizer and thread count as step_worker.py (SGD with
 momentum; ``adamw`` and ``zero``, torch's ``ZeroRedundancyOptimizer`` over AdamW, are
-sharding_worker.py's peers). Rank 0 prints ``RESULT {json}`` with, per model, the median
+sharding_worker.py's peers). STEPS is one number for every model or one per model
+(``mlp=200,large=10``). Rank 0 prints ``RESULT {json}`` with, per model, the median
 step time, the median CPU time per step of the main thread and of the other threads
 (DDP's communication) and the bytes of optimizer state a rank holds (the largest), and
 the launch's peak resident memory (the largest over the ranks).
@@ -17,7 +18,13 @@ import time
 
 import torch
 import torch.distributed as dist
-from models import BATCH_PER_WORKER, make_batch, make_model, optimizer_state_bytes
+from models import (
+    BATCH_PER_WORKER,
+    make_batch,
+    make_model,
+    optimizer_state_bytes,
+    timed_steps,
+)
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from hvdtrain.allocator import keep_freed_memory
@@ -59,14 +66,14 @@ def measure(name: str, steps: int, kind: str) -> dict:
 
 
 def main() -> None:
-    names, steps = sys.argv[1].split(","), int(sys.argv[2])
+    names, steps = sys.argv[1].split(","), sys.argv[2]
     kind = sys.argv[3] if len(sys.argv) > 3 else "sgd"
     torch.set_num_threads(1)
     # hvdtrain's init() does this for its contenders: the same allocator on both sides,
     # so the comparison measures the distributed training and not malloc.
     keep_freed_memory()
     dist.init_process_group("gloo")
-    results = {name: measure(name, steps, kind) for name in names}
+    results = {name: measure(name, timed_steps(steps, name), kind) for name in names}
     peaks: list[int | None] = [None] * dist.get_world_size()
     dist.all_gather_object(peaks, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     if dist.get_rank() == 0:

@@ -25,6 +25,15 @@ IMAGE_MODELS = ("conv", "convdense")
 INPUTS, CLASSES = {"large": 1024}, {"large": 1024}
 
 
+def timed_steps(spec: str, name: str) -> int:
+    """How many steps a worker times for model ``name``: ``spec`` is one number for
+    every model ("10") or one per model ("mlp=200,large=10")."""
+    if "=" not in spec:
+        return int(spec)
+    counts = dict(part.split("=") for part in spec.split(","))
+    return int(counts[name])
+
+
 def make_model(name: str) -> torch.nn.Module:
     """A fresh ``name`` model with the same initial weights on every rank."""
     torch.manual_seed(0)

@@ -91,21 +91,23 @@ def summary_block(results: dict[str, dict]) -> str:
                    keras["settings"]["controller"] == c else "—" for c in ("gloo", "mpi"))])
     sharding = results["sharding"]["models"]
 
-    def sharded(model: str, key: str) -> list[str]:
-        return [f"{sharding[model][f'hvdtrain sharded {c}'][key]:.2f}" for c in ("gloo", "mpi")]
+    def sharded(model: str, key: str, mode: str) -> list[str]:
+        return [f"{sharding[model][f'hvdtrain {mode} {c}'][key]:.2f}" for c in ("gloo", "mpi")]
 
     def zero(model: str, key: str) -> list[str]:  # DDP's peer runs over Gloo only
         return [f"{sharding[model]['DDP ZeroRedundancyOptimizer'][key]:.2f}", "—"]
 
     if "large" in sharding:
         rows.append(["optimizer state per rank / whole state's (AdamW, `shard_state=True`)",
-                     "large (58.7 M)", *sharded("large", "state_ratio_to_whole")])
+                     "large (58.7 M)", *sharded("large", "state_ratio_to_whole", "zero1")])
         rows.append(["the same for DDP's ZeroRedundancyOptimizer", "large (58.7 M)",
                      *zero("large", "state_ratio_to_whole")])
     for model in ("mlp", "convdense", "large"):
         if model in sharding:
-            rows.append(["step time sharded / whole state's (AdamW)", model,
-                         *sharded(model, "step_ratio_to_whole")])
+            rows.append(["step time ZeRO-1 (`shard_state`) / whole state's (AdamW)", model,
+                         *sharded(model, "step_ratio_to_whole", "zero1")])
+            rows.append(["step time ZeRO-2 (`shard_gradients`) / whole state's (AdamW)", model,
+                         *sharded(model, "step_ratio_to_whole", "zero2")])
             rows.append(["the same for DDP's ZeroRedundancyOptimizer", model,
                          *zero(model, "step_ratio_to_whole")])
     goyal = results["goyal"]

@@ -1,14 +1,15 @@
-"""Benchmark 7: sharded optimizer state (``DistributedOptimizer(shard_state=True)``)
-against the whole state (hvdtrain's flat allreduce), and PyTorch DDP's
-``ZeroRedundancyOptimizer`` against DDP with the whole state, with AdamW on 2 ranks.
+"""Benchmark 7: sharded optimizer state (``DistributedOptimizer(shard_state=True)``,
+ZeRO-1, and ``shard_gradients=True``, ZeRO-2) against the whole state (hvdtrain's flat
+allreduce), and PyTorch DDP's ``ZeroRedundancyOptimizer`` against DDP with the whole
+state, with AdamW on 2 ranks.
 
-Contenders, one launch each per round, interleaved: hvdtrain flat and sharded under MPI
-and under Gloo (sharding_worker.py), DDP with AdamW and DDP with ZeroRedundancyOptimizer
-over AdamW (Gloo, torchrun; ddp_worker.py). Each launch trains the MLP, convdense and the
-58.7 M-parameter ``large`` MLP. Per model: the median step time and the optimizer-state
-bytes a rank holds; per launch: its peak resident memory (the large model sets it).
-Targets: on the large model, state per rank sharded / whole ≤ 0.55; step time sharded /
-flat ≤ 1.05 under MPI and under Gloo on every model.
+Contenders, one launch each per round, interleaved: hvdtrain flat, ZeRO-1 and ZeRO-2
+under MPI and under Gloo (sharding_worker.py), DDP with AdamW and DDP with
+ZeroRedundancyOptimizer over AdamW (Gloo, torchrun; ddp_worker.py). Each launch trains
+the MLP, convdense and the 58.7 M-parameter ``large`` MLP. Per model: the median step
+time and the optimizer-state bytes a rank holds; per launch: its peak resident memory
+(the large model sets it). Targets: on the large model, state per rank sharded / whole
+≤ 0.55; step time sharded / flat ≤ 1.05 under MPI and under Gloo on every model.
 """
 
 from __future__ import annotations
@@ -31,31 +32,40 @@ MODELS = ("mlp", "convdense", "large")
 MEMORY_MODEL = "large"
 TARGET_STATE_RATIO, TARGET_STEP_RATIO = 0.55, 1.05
 HVDTRAIN = {f"hvdtrain {mode} {controller}": (mode, controller)
-            for controller in ("mpi", "gloo") for mode in ("flat", "sharded")}
+            for controller in ("mpi", "gloo") for mode in ("flat", "zero1", "zero2")}
 DDP = {"DDP AdamW": "adamw", "DDP ZeroRedundancyOptimizer": "zero"}
 # (sharded contender, its whole-state peer)
-PAIRS = {"hvdtrain sharded mpi": "hvdtrain flat mpi", "hvdtrain sharded gloo": "hvdtrain flat gloo",
+PAIRS = {**{f"hvdtrain {mode} {controller}": f"hvdtrain flat {controller}"
+            for controller in ("mpi", "gloo") for mode in ("zero1", "zero2")},
          "DDP ZeroRedundancyOptimizer": "DDP AdamW"}
+HVDTRAIN_SHARDED = tuple(name for name in PAIRS if name.startswith("hvdtrain"))
 
 
-def _hvdtrain(models: str, steps: int, mode: str, controller: str):
-    return lambda: horovod_result("sharding_worker.py", [models, str(steps), mode],
+# Timed steps per launch: about 2 s of each model (a tenth of a second of the MLP would
+# be decided by one hiccup of the machine).
+STEPS = {"mlp": 200, "convdense": 40, "large": 10}
+
+
+def _hvdtrain(models: str, steps: str, mode: str, controller: str):
+    return lambda: horovod_result("sharding_worker.py", [models, steps, mode],
                                   controller=controller)
 
 
-def _ddp(models: str, steps: int, kind: str):
-    return lambda: torchrun_result("ddp_worker.py", [models, str(steps), kind])
+def _ddp(models: str, steps: str, kind: str):
+    return lambda: torchrun_result("ddp_worker.py", [models, steps, kind])
 
 
 def run(folder: Path, smoke: bool) -> dict:
-    models, steps, rounds = (("mlp",), 1, 1) if smoke else (MODELS, 10, 5)
+    models, rounds = (("mlp",), 1) if smoke else (MODELS, 5)
+    steps = ",".join(f"{m}={1 if smoke else STEPS[m]}" for m in models)
     names = ",".join(models)
     contenders = {name: _hvdtrain(names, steps, mode, controller)
                   for name, (mode, controller) in HVDTRAIN.items()}
     contenders.update({name: _ddp(names, steps, kind) for name, kind in DDP.items()})
     if smoke:  # that they still run: one of each kind
         contenders = {name: contenders[name] for name in (
-            "hvdtrain flat mpi", "hvdtrain sharded mpi", "DDP ZeroRedundancyOptimizer")}
+            "hvdtrain flat mpi", "hvdtrain zero1 mpi", "hvdtrain zero2 gloo",
+            "DDP ZeroRedundancyOptimizer")}
     measured = interleaved(contenders, rounds, "sharded state")
     results = {}
     for model in models:
@@ -101,20 +111,27 @@ def _plot(path: Path, results: dict, peak_rss: dict) -> None:
                label="optimizer state per rank")
     memory.bar([p + 0.2 for p in positions], [peak_rss[n] / 2**20 for n in names], 0.4,
                label="peak resident memory per rank")
-    memory.set_xticks(list(positions), [n.replace(" ", "\n", 2) for n in names], fontsize=7)
+    labels = [n.replace("ZeroRedundancyOptimizer", "ZeroRedundancy-\nOptimizer").replace(" ", "\n")
+              for n in names]
+    memory.set_xticks(list(positions), labels, fontsize=7)
+    memory.set_ylim(0, max(peak_rss.values()) / 2**20 * 1.2)  # room for the legend
     memory.set_ylabel("MiB")
     memory.set_title(f"memory, {model} model, AdamW, 2 ranks")
-    memory.legend(fontsize=8)
-    for offset, sharded in enumerate(p for p in PAIRS if p in names and PAIRS[p] in names):
-        speed.bar([i + 0.27 * (offset - 1) for i in range(len(results))],
-                  [results[m][sharded]["step_ratio_to_whole"] for m in results], 0.27,
+    memory.legend(fontsize=8, loc="upper center", ncol=2)
+    shown = [p for p in PAIRS if p in names and PAIRS[p] in names]
+    width = 0.8 / max(len(shown), 1)
+    for offset, sharded in enumerate(shown):
+        speed.bar([i + width * (offset - (len(shown) - 1) / 2) for i in range(len(results))],
+                  [results[m][sharded]["step_ratio_to_whole"] for m in results], width,
                   label=f"{sharded} / {PAIRS[sharded]}")
     speed.axhline(1.0, color="k", linewidth=1)
     speed.axhline(TARGET_STEP_RATIO, color="tab:red", linestyle="--", label="target")
     speed.set_xticks(range(len(results)), list(results))
+    highest = max(results[m][n]["step_ratio_to_whole"] for m in results for n in shown)
+    speed.set_ylim(0.7, highest + 0.35)  # the ratios' range, with room for the legend
     speed.set_ylabel("step time, sharded / whole state")
     speed.set_title("the cost of sharding the state")
-    speed.legend(fontsize=8)
+    speed.legend(fontsize=7, loc="upper left", ncol=2)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
@@ -158,7 +175,7 @@ def targets(summary: dict) -> list[tuple[str, bool]]:
                              f"state per rank (target <= {TARGET_STATE_RATIO})",
                              ratio <= TARGET_STATE_RATIO))
     for model in models:
-        for sharded in ("hvdtrain sharded mpi", "hvdtrain sharded gloo"):
+        for sharded in HVDTRAIN_SHARDED:
             if "step_ratio_to_whole" not in models[model].get(sharded, {}):
                 continue
             ratio = models[model][sharded]["step_ratio_to_whole"]

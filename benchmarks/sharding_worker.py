@@ -1,16 +1,19 @@
 """Step time and memory of hvdtrain's PyTorch optimizer with AdamW, its state whole or
-sharded: ``python sharding_worker.py MODEL[,MODEL...] STEPS flat|sharded``.
+sharded: ``python sharding_worker.py MODEL[,MODEL...] STEPS flat|zero1|zero2``.
 
-For each model (benchmarks/models.py), after 3 warm-up steps, times STEPS steps of
-``DistributedOptimizer(AdamW, shard_state=...)`` and counts the bytes of the optimizer
-state this rank holds. Rank 0 prints ``RESULT {json}``: per model the median step time
-and the state bytes (the largest over the ranks), and the launch's peak resident memory
-(the largest over the ranks; one launch per contender, so it is that contender's).
+For each model (benchmarks/models.py), after 3 warm-up steps, times STEPS steps (one
+number, or one per model: ``mlp=200,convdense=40,large=10``) of
+``DistributedOptimizer(AdamW)``: ``flat`` the whole state (one flat allreduce),
+``zero1`` with ``shard_state=True``, ``zero2`` with ``shard_gradients=True``; and counts
+the bytes of the optimizer state this rank holds. Rank 0 prints ``RESULT {json}``: per
+model the median step time and the state bytes (the largest over the ranks), and the
+launch's peak resident memory (the largest over the ranks; one launch per contender,
+so it is that contender's).
 A sharded launch also times, ranks otherwise idle, the collectives on a buffer as large
-as the last model's parameters: Horovod's allreduce (what both paths send for the
-gradients) and the in-place broadcast of each rank's slice (what the sharded path adds
-for the parameters), against ZeRO's textbook pair that hvdtrain does not use, Horovod's
-reduce-scatter and the all-gather of one slice.
+as the last model's parameters: Horovod's allreduce (what the flat and zero1 paths send
+for the gradients), its reduce-scatter (what zero2 sends), and the in-place broadcast of
+each rank's slice and the all-gather of one slice (how the sharded paths share the
+stepped parameters: the all-gather up to 32 MiB, the broadcasts above).
 """
 
 import json
@@ -20,18 +23,18 @@ import sys
 import time
 
 import torch
-from models import make_batch, make_model, optimizer_state_bytes, parameter_count
+from models import make_batch, make_model, optimizer_state_bytes, parameter_count, timed_steps
 
 import hvdtrain.adapters.torch as hvt
 
 WARMUP_STEPS = 3
-MODES = {"flat": False, "sharded": True}
+MODES = {"flat": {}, "zero1": {"shard_state": True}, "zero2": {"shard_gradients": True}}
 
 
-def measure(name: str, steps: int, sharded: bool) -> dict:
+def measure(name: str, steps: int, sharding: dict) -> dict:
     model = make_model(name)
     optimizer = hvt.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-4),
-                                         model.named_parameters(), shard_state=sharded)
+                                         model.named_parameters(), **sharding)
     x, y = make_batch(name, hvt.rank())
     times = []
     for step in range(WARMUP_STEPS + steps):
@@ -78,12 +81,12 @@ def collectives_alone(numel: int, repeats: int = 3) -> dict:
 
 
 def main() -> None:
-    names, steps, mode = sys.argv[1].split(","), int(sys.argv[2]), sys.argv[3]
+    names, steps, mode = sys.argv[1].split(","), sys.argv[2], sys.argv[3]
     if mode not in MODES:
         raise SystemExit(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
     torch.set_num_threads(1)
     hvt.init()
-    results = {name: measure(name, steps, MODES[mode]) for name in names}
+    results = {name: measure(name, timed_steps(steps, name), MODES[mode]) for name in names}
     peak = max(hvt.allgather_object(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
     alone = collectives_alone(results[names[-1]]["parameters"]) if MODES[mode] else None
     if hvt.rank() == 0:

@@ -1,5 +1,6 @@
 """How one flat buffer is split among workers when each holds only a slice of the
-optimizer state (ZeRO stages 1-2, Rajbhandari et al. 2020), as pure arithmetic.
+optimizer state, and of the averaged gradients (ZeRO stages 1-2, Rajbhandari et al.
+2020), as pure arithmetic.
 
 The tensors of one parameter group are laid end to end in one buffer; worker r owns
 the r-th of its slices, all of one length but the last (which hold what is left).
@@ -72,6 +73,12 @@ class ShardLayout:
         what is left (fewer, or none when there are more workers than elements)."""
         return -(-self.total // self.world_size)
 
+    @property
+    def padded_total(self) -> int:
+        """Elements of a buffer in which every slice has ``shard_length`` elements (the
+        last ones padded), as a collective that splits a buffer evenly needs."""
+        return self.shard_length * self.world_size
+
     def bounds(self, rank: int) -> tuple[int, int]:
         """Where worker ``rank``'s slice begins and ends in the buffer."""
         return (min(rank * self.shard_length, self.total),
@@ -95,11 +102,13 @@ class ShardLayout:
             position += size
         return tuple(starts)
 
-    def pieces(self) -> tuple[Piece, ...]:
-        """The parts of the tensors that lie in this worker's slice, in order."""
+    def pieces(self, rank: int | None = None) -> tuple[Piece, ...]:
+        """The parts of the tensors that lie in worker ``rank``'s slice (default: this
+        worker's), in order."""
+        start, end = self.bounds(self.rank if rank is None else rank)
         found = []
         for index, (begin, size) in enumerate(zip(self.offsets(), self.sizes, strict=True)):
-            low, high = max(begin, self.start), min(begin + size, self.end)
+            low, high = max(begin, start), min(begin + size, end)
             if low < high:
-                found.append(Piece(index, low - begin, low - self.start, high - low))
+                found.append(Piece(index, low - begin, low - start, high - low))
         return tuple(found)

@@ -53,6 +53,17 @@ def test_the_last_slice_holds_what_is_left():
     assert ShardLayout((2,), world_size=3, rank=2).bounds(2) == (2, 2)  # nothing left
 
 
+def test_any_workers_pieces_and_the_padded_buffer():
+    """pieces(r) is what worker r's own layout says; the padded buffer gives every slice
+    the full length."""
+    sizes, world_size = (3, 5, 1), 4  # 9 elements: slices of 3, 3, 3 and 0
+    for rank in range(world_size):
+        assert ShardLayout(sizes, world_size, 0).pieces(rank) == \
+            ShardLayout(sizes, world_size, rank).pieces()
+    assert ShardLayout(sizes, world_size, 0).padded_total == 12
+    assert ShardLayout((4,), 2, 0).padded_total == 4
+
+
 @pytest.mark.parametrize(("sizes", "world_size", "rank", "message"), [
     ((), 2, 0, "at least one tensor"),
     ((3, 0), 2, 0, "number of elements"),

@@ -12,9 +12,10 @@ schedule and the data set:
   consumed once by the committed steps, the replicas end identical, the job exits 0.
 - lose-rank-0: the same with rank 0 killed.
 - grow: 2 workers, a third host appears; the job goes on as 3, the same way.
-- sharded shrink and grow: the same with ``DistributedOptimizer(shard_state=True)`` and
-  SGD with momentum, whose state each reset re-shards for the new number of workers;
-  the final weights equal one process replaying the steps that stand.
+- sharded shrink and grow: the same with ``DistributedOptimizer(shard_state=True)`` (the
+  shrink with ``shard_gradients=True``, ZeRO stage 2) and SGD with momentum, whose
+  state each reset re-shards for the new number of workers; the final weights equal
+  one process replaying the steps that stand.
 - below-min: 3 workers with ``--min-np 3``, one killed: the job ends non-zero within
   the elastic timeout plus 60 s and leaves no worker behind, whether the launcher stops
   the survivors (the stand-in passes its termination on) or not (a stand-in that
@@ -39,7 +40,8 @@ def test_a_worker_added_joins_with_the_rule_for_the_new_number(tmp_path):
 
 
 def test_a_sharded_state_is_resharded_when_a_worker_is_lost(tmp_path):
-    check_shrink(WORKER, tmp_path, check=check_replay, HVDTRAIN_TEST_SHARDED="1")
+    """With the gradients sharded too (stage 2; the grow below shards the state only)."""
+    check_shrink(WORKER, tmp_path, check=check_replay, HVDTRAIN_TEST_SHARDED="gradients")
 
 
 def test_a_sharded_state_is_resharded_when_a_worker_joins(tmp_path):

@@ -1,5 +1,6 @@
-"""DistributedOptimizer(shard_state=True) (hvdtrain/adapters/torch/sharding.py) on 2 real
-ranks (Gloo and MPI), against one process on the concatenated batch.
+"""DistributedOptimizer(shard_state=True) and (shard_gradients=True)
+(hvdtrain/adapters/torch/sharding.py) on 2 real ranks (Gloo and MPI), against one process
+on the concatenated batch.
 
 The launch, shared by tests/adapters/test_torch_*.py: conftest.py's ``torch_run``.
 """
@@ -25,6 +26,14 @@ SHARDED = [  # (scenario, optimizer kind, backward passes, clip norm)
     ("sgd_sharded_overlap", "sgd", 1, None),
     # every parameter's data replaced halfway: put back into the buffer, value kept
     ("adamw_sharded_relinked", "adamw", 1, None),
+    # ZeRO stage 2: the gradients reduce-scattered (clipped by optimizer.clip_grad_norm_)
+    ("sgd_grad_sharded", "sgd", 1, None), ("adamw_grad_sharded", "adamw", 1, None),
+    ("sgd_grad_sharded_accumulate", "sgd", 2, None),
+    ("adamw_grad_sharded_accumulate", "adamw", 2, None),
+    ("sgd_grad_sharded_accumulate_horovod", "sgd", 2, None),
+    ("sgd_grad_sharded_clip", "sgd", 1, 0.05), ("adamw_grad_sharded_clip", "adamw", 1, 0.05),
+    ("adamw_grad_sharded_accumulate_clip", "adamw", 2, 0.05),
+    ("adamw_grad_sharded_relinked", "adamw", 1, None),
 ]
 
 
@@ -50,12 +59,13 @@ def test_each_rank_holds_its_slice_of_the_state_and_the_same_weights(torch_run, 
     assert len(set(rank0["checksums"])) == STEPS
 
 
-def test_fp16_on_the_wire_stays_within_its_rounding(torch_run):
+@pytest.mark.parametrize("name", ["sgd_sharded_fp16", "sgd_grad_sharded_fp16"])
+def test_fp16_on_the_wire_stays_within_its_rounding(torch_run, name):
     """As test_torch_optimizer's fp16 check: within 2u of the distance travelled."""
     exact = tensors(torch_run, "sgd_float32")
     initial = dict(make_model(dtype=torch.float32).named_parameters())
     travelled = max_difference(exact, {k: v.detach() for k, v in initial.items()})
-    difference = max_difference(tensors(torch_run, "sgd_sharded_fp16"), exact)
+    difference = max_difference(tensors(torch_run, name), exact)
     assert 0 < difference <= 2 * 2.0**-11 * travelled
 
 
@@ -97,6 +107,11 @@ def test_a_sharded_checkpoint_is_the_unsharded_file_and_resumes_either_way(torch
                   "cpu to (5, 6) torch.float32 on cpu after DistributedOptimizer(shard_state="
                   "True) was made"),
     ("closure", "ValueError: step(closure) with shard_state=True"),
+    ("torch_clip_sliced", "RuntimeError: the gradient of '0.weight' changed after "
+                          "synchronize(), but with shard_gradients=True each worker holds "
+                          "only its slice"),
+    ("overlap_sliced", "ValueError: shard_gradients=True reduce-scatters the gradients after "
+                       "backward(), so it cannot go with overlap=True"),
 ])
 def test_what_sharding_cannot_do_is_refused_saying_what_to_do(torch_run, case, message):
     for report in torch_run.both("sharded_refusals"):
@@ -104,15 +119,17 @@ def test_what_sharding_cannot_do_is_refused_saying_what_to_do(torch_run, case, m
     assert "before wrapping" in torch_run.report("sharded_refusals")["errors"]["converted"]
 
 
-def test_a_worker_that_joins_early_is_refused_on_the_others_saying_why(torch_run):
-    rank0, rank1 = torch_run.both("join_sharded")
+@pytest.mark.parametrize("name", ["join_sharded", "join_grad_sharded"])
+def test_a_worker_that_joins_early_is_refused_on_the_others_saying_why(torch_run, name):
+    rank0, rank1 = torch_run.both(name)
     assert rank1["error"] is None  # it had fewer steps and joined
     assert rank0["error"].startswith("a worker called join() while others still step")
     assert "hvt.distributed_sampler" in rank0["error"]
 
 
-def test_a_nonfinite_gradient_on_one_rank_is_skipped_or_named_on_both(torch_run):
-    rank0, rank1 = torch_run.both("sharded_nonfinite")
+@pytest.mark.parametrize("name", ["sharded_nonfinite", "grad_sharded_nonfinite"])
+def test_a_nonfinite_gradient_on_one_rank_is_skipped_or_named_on_both(torch_run, name):
+    rank0, rank1 = torch_run.both(name)
     for report in (rank0, rank1):
         assert report["outcomes"]["True"]["skipped"] == 1
         assert "'0.weight'" in report["outcomes"]["False"]["error"]

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from hvdtrain.adapters.torch import tally
-from hvdtrain.adapters.torch.tally import flat_with_tally, read_tally, write_bound
+from hvdtrain.adapters.torch.tally import flat_with_tally, read_tally, rows_with_tally, write_bound
+from hvdtrain.sharding import ShardLayout
 
 LARGEST = torch.finfo(torch.float32).max
 
@@ -93,3 +94,42 @@ def test_gradients_the_fused_packing_cannot_take_go_the_two_pass_way():
         assert flat[:-2].tolist() == torch.cat([g.reshape(-1) for g in gradients]).tolist()
         expected = math.sqrt(sum(float((g * g).sum()) for g in gradients))
         assert flat[-1].item() == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_the_rows_are_the_slices_of_the_flat_buffer_each_with_the_whole_tally(dtype,
+                                                                              world_size):
+    """rows_with_tally (what shard_gradients reduce-scatters): row r holds worker r's
+    slice of the flat gradients (zero-padded), then 1 and the norm of all of them; a
+    2-rank reduce-scatter (the rows summed, each rank reading its own) gives each rank
+    what read_tally gives for the allreduced flat buffer, sliced."""
+    generator = torch.Generator().manual_seed(3)
+    layout = ShardLayout((6, 1, 4), world_size, 0)  # 11 elements
+    one, two = ([torch.randn(size, generator=generator, dtype=dtype) for size in layout.sizes]
+                for _ in range(2))
+    rows = rows_with_tally(one, layout, bound=True)
+    flat = flat_with_tally(one, dtype, torch.device("cpu"), bound=True)
+    length = layout.shard_length
+    assert rows.shape == (world_size, length + tally.TALLY)
+    padded = torch.cat([flat[:-tally.TALLY], flat.new_zeros(layout.padded_total - 11)])
+    assert torch.equal(rows[:, :length], padded.view(world_size, length))
+    assert torch.equal(rows[:, length], torch.ones(world_size, dtype=dtype))
+    assert torch.allclose(rows[:, length + 1], flat[-1].expand(world_size), rtol=1e-6)
+    summed_rows = (rows + rows_with_tally(two, layout, bound=True)) / 2
+    summed_flat = (flat + flat_with_tally(two, dtype, torch.device("cpu"), bound=True)) / 2
+    whole, _, _ = read_tally(summed_flat, 0.5, prescale=1.0)
+    for rank in range(world_size):
+        start, end = layout.bounds(rank)
+        mine, contributors, finite = read_tally(summed_rows[rank], 0.5, prescale=1.0)
+        assert torch.equal(mine[:end - start], whole[start:end])
+        assert (contributors, finite) == (2, True)
+
+
+def test_the_rows_carry_a_nan_into_every_tally_and_no_bound_without_asking():
+    layout = ShardLayout((2, 2), 2, 0)
+    rows = rows_with_tally([torch.tensor([1.0, float("nan")]), torch.tensor([1.0, 2.0])],
+                           layout, bound=True)
+    assert all(math.isnan(value) for value in rows[:, -1].tolist())
+    unbounded = rows_with_tally([torch.ones(2), torch.ones(2)], layout, bound=False)
+    assert all(math.isinf(value) for value in unbounded[:, -1].tolist())

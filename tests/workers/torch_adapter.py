@@ -367,20 +367,20 @@ def scenario_join_uneven(name: str, **wrapping) -> None:
     save(name, parameters(model))
 
 
-def scenario_join_sharded() -> None:
-    """Uneven shares with shard_state=True: rank 1 joins after fewer steps; rank 0's
+def scenario_join_sharded(name: str, **sharding) -> None:
+    """Uneven shares with a sharded optimizer: rank 1 joins after fewer steps; rank 0's
     next step is refused, saying why, and rank 0 then joins too."""
     x, y = make_data()
     model = make_model()
     optimizer = hvt.DistributedOptimizer(make_optimizer("sgd", model.parameters()),
-                                         model.named_parameters(), shard_state=True)
+                                         model.named_parameters(), **sharding)
     error = None
     try:
         train_uneven_share(hvt.rank(), model, optimizer, x, y)
     except RuntimeError as refused:
         error = str(refused)
     hvt.join()
-    report("join_sharded", error=error)
+    report(name, error=error)
 
 
 def scenario_horovod_api() -> None:
@@ -484,13 +484,28 @@ def scenario_sharded_refusals() -> None:
         loss_fn(model, x[part].float(), y[part]).backward()
         optimizer.step()
 
+    def torch_clip_with_sliced_gradients() -> None:
+        sliced_model = make_model()
+        sliced = hvt.DistributedOptimizer(make_optimizer("sgd", sliced_model.parameters()),
+                                          sliced_model.named_parameters(), shard_gradients=True)
+        part = rows(0, 0, hvt.rank(), 1)
+        loss_fn(sliced_model, x[part], y[part]).backward()
+        sliced.synchronize()
+        torch.nn.utils.clip_grad_norm_(sliced_model.parameters(), 0.05)
+        with sliced.skip_synchronize():
+            sliced.step()
+
+    attempt("torch_clip_sliced", torch_clip_with_sliced_gradients)
+    attempt("overlap_sliced", lambda: hvt.DistributedOptimizer(
+        make_optimizer("sgd", model.parameters()), model.named_parameters(),
+        shard_gradients=True, overlap=True))
     model.float()  # the parameters leave the float64 buffer they were sharded in
     attempt("converted", step)
     attempt("closure", lambda: optimizer.step(lambda: 0.0))
     report("sharded_refusals", errors=errors)
 
 
-def scenario_sharded_nonfinite() -> None:
+def scenario_sharded_nonfinite(name: str, **sharding) -> None:
     """A NaN in rank 1's loss at step 1: skipped on both ranks alike with skip_nonfinite,
     an error naming the parameter on both without."""
     x, y = make_data()
@@ -498,7 +513,7 @@ def scenario_sharded_nonfinite() -> None:
     for skip in (True, False):
         model = make_model()
         optimizer = hvt.DistributedOptimizer(make_optimizer("adamw", model.parameters()),
-                                             model.named_parameters(), shard_state=True,
+                                             model.named_parameters(), **sharding,
                                              skip_nonfinite=skip)
         try:
             for step in range(3):
@@ -513,7 +528,7 @@ def scenario_sharded_nonfinite() -> None:
                                    "fingerprint": checksum(model)}
         except hvt.NonFiniteGradientError as error:
             outcomes[str(skip)] = {"error": str(error)}
-    report("sharded_nonfinite", outcomes=outcomes)
+    report(name, outcomes=outcomes)
 
 
 def main() -> None:
@@ -556,6 +571,15 @@ def main() -> None:
         "sgd_sharded_overlap": dict(kind="sgd", overlap=True, shard_state=True),
         "adamw_sharded_relinked": dict(kind="adamw", replace_data=True, shard_state=True),
     }
+    # ZeRO stage 2: each stage 1 training with the gradients reduce-scattered too, but for
+    # the two that stage 2 refuses (torch's clip after synchronize(), overlap).
+    trainings.update({
+        name.replace("_sharded", "_grad_sharded"): {
+            **{key: value for key, value in settings.items() if key != "shard_state"},
+            "shard_gradients": True}
+        for name, settings in list(trainings.items())
+        if settings.get("shard_state") and name not in ("adamw_sharded_torch_clip",
+                                                        "sgd_sharded_overlap")})
     run_scenarios(hvt.rank, {
         **{name: functools.partial(train, name, **settings)
            for name, settings in trainings.items()},
@@ -573,9 +597,15 @@ def main() -> None:
         "horovod_api": scenario_horovod_api,
         "sharded_checkpoint": scenario_sharded_checkpoint,
         "sharded_refusals": scenario_sharded_refusals,
-        "sharded_nonfinite": scenario_sharded_nonfinite,
+        "sharded_nonfinite": functools.partial(scenario_sharded_nonfinite, "sharded_nonfinite",
+                                               shard_state=True),
+        "grad_sharded_nonfinite": functools.partial(
+            scenario_sharded_nonfinite, "grad_sharded_nonfinite", shard_gradients=True),
         "join_uneven": functools.partial(scenario_join_uneven, "join_uneven"),
-        "join_sharded": scenario_join_sharded,
+        "join_sharded": functools.partial(scenario_join_sharded, "join_sharded",
+                                          shard_state=True),
+        "join_grad_sharded": functools.partial(scenario_join_sharded, "join_grad_sharded",
+                                               shard_gradients=True),
         "join_uneven_overlap": functools.partial(scenario_join_uneven, "join_uneven_overlap",
                                                  overlap=True),
         "join_uneven_groups": functools.partial(scenario_join_uneven, "join_uneven_groups",

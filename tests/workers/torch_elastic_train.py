@@ -15,9 +15,10 @@ at each epoch's end. MODE:
   host through HOSTS; the job goes on as 3.
 
 With ``HVDTRAIN_TEST_SHARDED=1`` the optimizer is SGD with momentum 0.9 and
-``shard_state=True``, so each reset re-shards a state that matters; the reports then
-carry what one process needs to replay the steps that stand (rank 0's initial weights,
-each step's samples, the final weights).
+``shard_state=True`` (``HVDTRAIN_TEST_SHARDED=gradients``: ``shard_gradients=True``), so
+each reset re-shards a state that matters; the reports then carry what one process
+needs to replay the steps that stand (rank 0's initial weights, each step's samples,
+the final weights).
 
 Each worker prints ``REPORT {json}`` lines: ``started`` (its pid and host name),
 ``step`` (rank, size, step, epoch and the
@@ -45,7 +46,9 @@ SAMPLES, BATCH, EPOCHS, COMMIT_EVERY = 240, 4, 2, 4
 KILL_AT, GROW_AFTER = 14, 8
 # Which rank of the first 3 kills itself at step KILL_AT, by mode.
 VICTIMS = {"shrink": 2, "lose-rank-0": 0, "below-min": 2}
-SHARDED = os.environ.get("HVDTRAIN_TEST_SHARDED") == "1"
+SHARDING = {"1": {"shard_state": True}, "gradients": {"shard_gradients": True}}.get(
+    os.environ.get("HVDTRAIN_TEST_SHARDED", ""), {})
+SHARDED = bool(SHARDING)
 
 
 def report(scenario: str, **values) -> None:
@@ -81,7 +84,7 @@ def main(mode: str, hosts: LocalHosts | None) -> None:
         report("initial", weights=weights(model))
     optimizer = hvt.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9 if SHARDED else 0.0),
-        model.named_parameters(), shard_state=SHARDED)
+        model.named_parameters(), **SHARDING)
     scheduler = hvt.LinearScalingWarmup(
         optimizer, batch_size_per_worker=BATCH, base_batch_size=BATCH, warmup_epochs=2,
         steps_per_epoch=SAMPLES // (BATCH * hvt.size()))

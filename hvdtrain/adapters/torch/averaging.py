@@ -45,7 +45,8 @@ class CheckedAveraging:
                  groups: int | list[list[torch.Tensor]] | None,
                  skip_nonfinite: bool, check_nonfinite: bool, overlap: bool,
                  gradient_predivide_factor: float, sparse_as_dense: bool,
-                 process_set: ProcessSet, shard_state: bool = False) -> None:
+                 process_set: ProcessSet, shard_state: bool = False,
+                 shard_gradients: bool = False) -> None:
         self.overlap = overlap  # read by _make_hook, which Horovod's __init__ calls
         _HorovodOptimizer.__init__(self, optimizer.param_groups, named_parameters,
                                    HOROVOD_COMPRESSION[compression], backward_passes_per_step,
@@ -60,8 +61,10 @@ class CheckedAveraging:
         self._bf16 = compression == "bf16"
         self._flat_gradients: list[tuple[torch.Tensor, list[torch.Tensor], bool]] = []
         self._contributors: Any = None  # this step's count of ranks, per-tensor path
-        self.shard_state = shard_state
-        if shard_state:
+        self._all_contributed = False  # whether every rank sent this step's gradients
+        self.shard_state = shard_state or shard_gradients
+        self.shard_gradients = shard_gradients
+        if self.shard_state:
             self._build_shards()  # ShardedSteps'
         self.load_state_dict(optimizer.state_dict())  # keep state built before wrapping
 
@@ -76,13 +79,18 @@ class CheckedAveraging:
         passes = {p: self.backward_passes_per_step - left
                   for p, left in self._allreduce_delay.items()}
         self._flat_gradients = []
+        self._all_contributed = False
         divide = self.average_aggregated_gradients and self.backward_passes_per_step > 1
         counts = set(passes.values()) if divide else {1}
+        # When every gradient saw the same number of passes (the usual case), Horovod's
+        # post-scaling divides by it, in the pass that divides by the world size.
+        uniform = len(counts) == 1
+        postscale = 1.0 / max(next(iter(counts)), 1) if uniform else 1.0
+        if self.shard_gradients:  # ShardedSteps'
+            self._reduce_scatter_gradients(postscale, None if uniform or not divide else passes)
+            return
         if self._sends_flat():
-            # When every gradient saw the same number of passes (the usual case), Horovod's
-            # post-scaling divides by it, in the pass that divides by the world size.
-            uniform = len(counts) == 1
-            self._allreduce_flat(1.0 / max(next(iter(counts)), 1) if uniform else 1.0)
+            self._allreduce_flat(postscale)
             if uniform:
                 return
         else:
@@ -156,10 +164,15 @@ class CheckedAveraging:
         after ``synchronize()`` and before ``step()`` inside ``skip_synchronize()``
         (``torch.nn.utils.clip_grad_norm_`` on the parameters there does the same).
 
+        With ``shard_gradients=True`` it clips every worker's slice by the norm over all
+        of them (one scalar allreduce; every worker must call it).
+
         Returns:
             The norm before clipping.
         """
         self._require_synchronized_for("clip_grad_norm_")
+        if self.shard_gradients:
+            return self._clip_slices(max_norm, norm_type)  # ShardedSteps'
         return torch.nn.utils.clip_grad_norm_(
             [p for group in self.param_groups for p in group["params"] if p.grad is not None],
             max_norm, norm_type)
@@ -238,6 +251,10 @@ class CheckedAveraging:
                     parameter.grad = gradients[offset:offset + size].view_as(parameter)
                     offset += size
                 self._flat_gradients.append((gradients, parameters, finite))
+        self._finish_synchronize()
+
+    def _finish_synchronize(self) -> None:
+        """After the flat reduction: the next step counts its backward passes anew."""
         for parameter in self._allreduce_delay:
             self._allreduce_delay[parameter] = self.backward_passes_per_step
         self._handles.clear()
@@ -263,6 +280,8 @@ class CheckedAveraging:
 
     def _first_nonfinite_gradient(self) -> str | None:
         """The name of the first parameter whose (averaged) gradient is not finite."""
+        if self.shard_gradients:
+            return self._first_nonfinite_in_slices()  # ShardedSteps'
         parameters = [p for group in self.param_groups for p in group["params"]
                       if p.grad is not None]
         if not parameters:
@@ -336,8 +355,10 @@ class CheckedAveraging:
     def _joined_rescale(self, contributors: int) -> float | None:
         """The factor that turns an average over every rank of the set into one over
         the ``contributors`` that sent gradients (ranks that called ``join()`` sent
-        zeros); None when all did, or the reduction is not an average."""
+        zeros); None when all did, or the reduction is not an average. Remembers whether
+        all did."""
         size = self.process_set.size()
+        self._all_contributed = contributors == size
         if self.op == Average and 0 < contributors < size:
             return size / contributors
         return None

@@ -49,6 +49,7 @@ def DistributedOptimizer(
     sparse_as_dense: bool = False,
     process_set: ProcessSet = global_process_set,
     shard_state: bool = False,
+    shard_gradients: bool = False,
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that its gradients are averaged over all workers.
 
@@ -119,6 +120,16 @@ def DistributedOptimizer(
             one buffer per param group; convert or move the model before wrapping. Not
             with Adasum, ``step(closure)`` or uneven shares (``join()``); in elastic
             jobs through :class:`.elastic.TorchState`, which re-shards on a reset.
+        shard_gradients: also reduce only each worker's slice of the gradients (ZeRO
+            stage 2; implies ``shard_state``): one reduce-scatter instead of the allreduce,
+            so a step moves an allreduce's bytes in all instead of one and a half. After
+            ``synchronize()`` this worker's slice of the averaged gradients is what
+            ``step()`` applies and the parameters' ``p.grad`` hold NaN, so nothing reads
+            them as averaged: clip with ``optimizer.clip_grad_norm_`` (the norm over
+            every slice); a gradient changed after ``synchronize()`` (torch's
+            ``clip_grad_norm_``, ``GradScaler.unscale_``) makes ``step()`` raise. After
+            ``step()`` the gradients are None. Not with ``overlap=True``, ``groups`` or
+            bf16 compression (they average during ``backward()``), nor sparse gradients.
 
     Returns:
         The distributed optimizer; ``skipped_steps`` and ``steps_taken`` count its steps.
@@ -167,7 +178,13 @@ def DistributedOptimizer(
                      "a Horovod process set, e.g. hvt.add_process_set([0, 1])")
     require_instance("shard_state", shard_state, bool,
                      "True (each worker keeps a slice of the optimizer state) or False")
-    if shard_state:
+    require_instance("shard_gradients", shard_gradients, bool,
+                     "True (each worker reduces and keeps a slice of the gradients) or False")
+    if shard_gradients and (overlap or groups is not None or compression == "bf16"):
+        raise ValueError("shard_gradients=True reduce-scatters the gradients after "
+                         "backward(), so it cannot go with overlap=True, groups or "
+                         "compression='bf16', which average them during it; drop one of them")
+    if shard_state or shard_gradients:
         _require_shardable(optimizer, op=op)
     if num_groups:
         warnings.warn("num_groups is Horovod's deprecated spelling of groups; pass "
@@ -175,8 +192,8 @@ def DistributedOptimizer(
         groups = num_groups if groups is None else groups
 
     if overlap is None:
-        overlap = groups is not None or compression == "bf16" or any(
-            p.device.type != "cpu" for _, p in named)
+        overlap = not shard_gradients and (groups is not None or compression == "bf16" or any(
+            p.device.type != "cpu" for _, p in named))
     # A rank outside the process set trains on its own gradients (Horovod's meaning), so
     # it has no one to agree with. In an elastic job a worker that joins later builds its
     # optimizer while the others are inside hvd.elastic.run: a collective here would hang.
@@ -193,19 +210,20 @@ def DistributedOptimizer(
             "gradient_predivide_factor": gradient_predivide_factor,
             "sparse_as_dense": sparse_as_dense,
             "shard_state": shard_state,
+            "shard_gradients": shard_gradients,
             **software_versions("torch", "horovod"),
         })
     if op == Adasum:
         return _hvd.DistributedOptimizer(optimizer, named,
                                          compression=HOROVOD_COMPRESSION[compression], op=Adasum,
                                          process_set=process_set)
-    return distributed_class(type(optimizer), sharded=shard_state)(
+    return distributed_class(type(optimizer), sharded=shard_state or shard_gradients)(
         optimizer, named, compression=compression,
         backward_passes_per_step=backward_passes_per_step,
         average_aggregated_gradients=average_aggregated_gradients, op=op, groups=groups,
         skip_nonfinite=skip_nonfinite, check_nonfinite=check_nonfinite, overlap=overlap,
         gradient_predivide_factor=gradient_predivide_factor, sparse_as_dense=sparse_as_dense,
-        process_set=process_set, shard_state=shard_state)
+        process_set=process_set, shard_state=shard_state, shard_gradients=shard_gradients)
 
 
 def _require_shardable(optimizer: torch.optim.Optimizer, *, op) -> None:

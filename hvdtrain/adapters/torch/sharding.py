@@ -1,18 +1,21 @@
-"""Sharded optimizer state for :func:`.optimizer.DistributedOptimizer`
-(``shard_state=True``; ZeRO stage 1, Rajbhandari et al. 2020).
+"""Sharded optimizer state for :func:`.optimizer.DistributedOptimizer`:
+``shard_state=True`` (ZeRO stage 1) and ``shard_gradients=True`` (stage 2; Rajbhandari
+et al. 2020).
 
 Each param group's trainable parameters become views into one flat buffer
 (:class:`hvdtrain.sharding.ShardLayout`), of which each worker owns one slice.
-``synchronize()`` averages the gradients as the unsharded optimizer does (one flat
-allreduce, so clipping and the non-finite check work unchanged);
-``step()`` steps this worker's slice with the user's optimizer, whose ``state`` then
-holds that slice's state alone, and each worker broadcasts its slice, in place, into
-everyone's buffer.
+With ``shard_state``, ``synchronize()`` averages the gradients as the unsharded
+optimizer does (one flat allreduce, so clipping and the non-finite check work
+unchanged). With ``shard_gradients`` it reduce-scatters them instead, each worker
+receiving the average of its own slice (``shard.grad``), and fills the parameters'
+gradients with NaN, since they no longer hold the average. ``step()`` then steps this
+worker's slice with the user's optimizer, whose ``state`` holds that slice's state
+alone, and the stepped slices are shared back into every worker's buffer (an
+all-gather, or in-place broadcasts for buffers above :data:`GATHER_MAX_BYTES`).
 
-Why an allreduce and broadcasts rather than ZeRO's reduce-scatter and all-gather:
-Horovod 0.28.1's reduce-scatter and all-gather of a large buffer take several times
-its allreduce and in-place broadcasts on MPI and Gloo (benchmarks/README.md, benchmark
-7); the bytes each worker keeps are the same.
+Stage 1 moves one and a half allreduces' worth of bytes per step, stage 2 one (a
+reduce-scatter and the sharing). Horovod 0.28.1's Gloo reduce-scatter is fast only with
+hvdtrain's patch ``0007-gloo-ring-reducescatter`` (benchmarks/README.md, benchmark 7).
 
 ``ShardedSteps``' methods replace :class:`.averaging.CheckedAveraging`'s in the class
 that :func:`.averaging.distributed_class` builds with ``sharded=True``.
@@ -20,15 +23,19 @@ that :func:`.averaging.distributed_class` builds with ``sharded=True``.
 
 from __future__ import annotations
 
+import contextlib
+import math
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 import horovod.torch as _hvd
 import torch
 from horovod.common.exceptions import HorovodInternalError
 
-from hvdtrain import watchdog
+from hvdtrain import allocator, watchdog
 from hvdtrain.adapters.torch._horovod import HorovodOptimizer
+from hvdtrain.adapters.torch.tally import read_tally, rows_with_tally
 from hvdtrain.sharding import ShardLayout
 
 __all__ = ["ELEMENTWISE_OPTIMIZERS", "ParameterShard", "ShardedSteps", "is_sharded",
@@ -41,6 +48,12 @@ ELEMENTWISE_OPTIMIZERS: tuple[type, ...] = (
     torch.optim.NAdam, torch.optim.RAdam, torch.optim.RMSprop, torch.optim.Adagrad,
     torch.optim.Adadelta, torch.optim.ASGD, torch.optim.Rprop,
 )
+# Up to this size a param group's parameters are shared back by one all-gather, whose
+# result Horovod allocates anew each step: below glibc's mmap threshold (which
+# hvdtrain.allocator raises to its largest) that memory is reused; above it every step
+# would fault its pages in afresh, and in-place broadcasts are faster
+# (benchmarks/README.md, benchmark 7).
+GATHER_MAX_BYTES = allocator.MMAP_THRESHOLD_BYTES
 # Per-parameter state entries that are one number for the whole tensor, not one per
 # element (torch's optimizers keep a step count; NAdam and ASGD a few more).
 SCALAR_STATE = frozenset({"step", "mu_product", "eta", "mu"})
@@ -80,7 +93,8 @@ class ParameterShard:
         self.parameters = parameters
         self.layout = layout
         first = parameters[0]
-        self.buffer = torch.empty(layout.total, dtype=first.dtype, device=first.device)
+        # Padded so that every worker's slice has one length, as the all-gather needs.
+        self.buffer = torch.zeros(layout.padded_total, dtype=first.dtype, device=first.device)
         self._views = self.split(self.buffer)
         for parameter, view in zip(parameters, self._views, strict=True):
             view.copy_(parameter.detach())
@@ -132,6 +146,17 @@ class ParameterShard:
                     value.reshape(-1)[piece.tensor_offset:piece.tensor_offset + piece.length])
         return part
 
+    def gather_slices(self, process_set: Any, name: str) -> Any:
+        """Start the all-gather of every worker's (padded) slice of the buffer; its
+        result is copied into the buffer by :meth:`take_gathered`."""
+        length = self.layout.shard_length
+        own = self.buffer[self.layout.rank * length:(self.layout.rank + 1) * length]
+        return _hvd.allgather_async(own, name=name, process_set=process_set)
+
+    def take_gathered(self, gathered: torch.Tensor) -> None:
+        """Copy the result of :meth:`gather_slices` into the buffer."""
+        self.buffer.copy_(gathered)
+
     def broadcast_slices(self, process_set: Any, name: str) -> list[Any]:
         """Start broadcasting each worker's slice of the buffer from it, in place
         (Horovod handles; the process set's ``ranks`` are global ranks)."""
@@ -144,6 +169,22 @@ class ParameterShard:
                     self.buffer[start:end], root_rank=root, name=f"{name}.{index}",
                     process_set=process_set))
         return handles
+
+
+@contextlib.contextmanager
+def _explaining_join() -> Iterator[None]:
+    """Turn Horovod's refusal of a collective after another worker's ``join()`` into
+    what to do about it."""
+    try:
+        yield
+    except HorovodInternalError as error:
+        if "with Join" not in str(error):
+            raise
+        raise RuntimeError(
+            "a worker called join() while others still step, but with shard_state=True "
+            "every worker steps its slice of the parameters each step; give every worker "
+            "the same number of steps (hvt.distributed_sampler(dataset) pads the shares), "
+            "or drop shard_state for uneven shares") from error
 
 
 def _end_to_end(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
@@ -170,6 +211,8 @@ class ShardedSteps:
         included = self.process_set.included()
         world = self.process_set.size() if included else 1
         rank = self.process_set.rank() if included else 0
+        # shard_gradients: each gradient and its version after the reduce-scatter filled it.
+        self._filled_gradients: dict[torch.Tensor, tuple[torch.Tensor, int]] = {}
         self._shards: list[ParameterShard | None] = []
         for index, group in enumerate(self.param_groups):
             parameters = [p for p in group["params"] if p.requires_grad]
@@ -198,9 +241,130 @@ class ShardedSteps:
                 "shards are fixed; give every param group to the optimizer before wrapping it")
         super(self.__class__, self).add_param_group(param_group)
 
+    def _reduce_scatter_gradients(self, postscale: float, passes: dict | None) -> None:
+        """``shard_gradients``: reduce-scatter each param group's gradients (and the
+        tally, :func:`.tally.rows_with_tally`), so that this worker holds the average of
+        its slice alone, as ``shard.grad``; the gradients themselves are then filled
+        with NaN, so that nothing reads them as averaged. ``passes``: the backward
+        passes of each gradient, to divide by here when they differ (else None)."""
+        if passes is not None:
+            for parameter, count in passes.items():
+                if count > 1 and parameter.grad is not None:
+                    parameter.grad.div_(count)
+        predivide = self.gradient_predivide_factor if self.op == _hvd.Average else 1.0
+        bound = self.check_nonfinite and self._compression is _hvd.Compression.none
+        pending = []
+        for index, shard in enumerate(self._shards):
+            if shard is None:
+                continue
+            for parameter in shard.parameters:
+                if parameter.grad is None:  # another rank may have computed it
+                    parameter.grad = torch.zeros_like(parameter)
+                elif parameter.grad.is_sparse:
+                    raise ValueError(
+                        f"the gradient of {self._parameter_names.get(parameter, '<unnamed>')!r} "
+                        "is sparse, but shard_gradients=True reduce-scatters dense gradients; "
+                        "make the layer dense (nn.Embedding(sparse=False)) or drop "
+                        "shard_gradients")
+            rows = rows_with_tally([p.grad for p in shard.parameters], shard.layout, bound=bound)
+            wire, context = self._compression.compress(rows)
+            handle = _hvd.reducescatter_async(
+                wire, name=f"hvdtrain.gradient_slices.{index}", op=self.op,
+                prescale_factor=1.0 / predivide, postscale_factor=postscale * predivide,
+                process_set=self.process_set)
+            pending.append((shard, context, handle))
+            for parameter in shard.parameters:
+                parameter.grad.fill_(float("nan"))
+        unit = postscale / (self.process_set.size() if self.op == _hvd.Average else 1)
+        with watchdog.guard(f"the gradient reduce-scatter of step {self.steps_taken}"), \
+                _explaining_join():
+            for shard, context, handle in pending:
+                row = self._compression.decompress(_hvd.synchronize(handle), context)
+                gradients, contributors, finite = read_tally(
+                    row.reshape(-1), unit, prescale=1.0 / predivide)
+                factor = self._joined_rescale(contributors)
+                if factor is not None:
+                    gradients.mul_(factor)
+                shard.shard.grad = gradients[:shard.layout.end - shard.layout.start]
+                self._flat_gradients.append((shard.shard.grad, [shard.shard], finite))
+        self._filled_gradients = {parameter: (parameter.grad, parameter.grad._version)
+                                  for shard in self._shards if shard is not None
+                                  for parameter in shard.parameters}
+        self._finish_synchronize()
+
+    def _require_averaged_slices(self) -> None:
+        """``shard_gradients``: raise unless this step's gradients were reduce-scattered
+        and none changed since, as torch's ``clip_grad_norm_`` or
+        ``GradScaler.unscale_`` would change them: each worker holds only its slice of
+        the averaged gradients, so those would act on a part of them, or on none."""
+        if not self._filled_gradients:
+            raise RuntimeError("step() inside skip_synchronize() without synchronize() first: "
+                               "with shard_gradients=True the step needs this worker's slice "
+                               "of the averaged gradients; call optimizer.synchronize() first")
+        for parameter, (gradient, version) in self._filled_gradients.items():
+            if parameter.grad is not gradient or gradient._version != version:
+                raise RuntimeError(
+                    f"the gradient of {self._parameter_names.get(parameter, '<unnamed>')!r} "
+                    "changed after synchronize(), but with shard_gradients=True each worker "
+                    "holds only its slice of the averaged gradients (p.grad holds NaN), so "
+                    "whatever changed it (torch.nn.utils.clip_grad_norm_, "
+                    "GradScaler.unscale_, ...) did not act on the averaged gradients; clip "
+                    "with optimizer.clip_grad_norm_(max_norm), which takes the norm over "
+                    "every worker's slice, or drop shard_gradients")
+
+    def _first_nonfinite_in_slices(self) -> str | None:
+        """``shard_gradients``: the name of the first parameter, in the order of the param
+        groups, with a NaN or Inf in any worker's slice of its averaged gradient (one
+        scalar allreduce, so every worker names the same one)."""
+        first = math.inf
+        position = 0
+        for shard in self._shards:
+            if shard is None:
+                continue
+            gradient = shard.shard.grad
+            if gradient is not None and not bool(torch.isfinite(gradient).all()):
+                for piece in shard.layout.pieces():
+                    values = gradient[piece.shard_offset:piece.shard_offset + piece.length]
+                    if not bool(torch.isfinite(values).all()):
+                        first = min(first, position + piece.tensor)
+                        break
+            position += len(shard.parameters)
+        found = torch.tensor(first, dtype=torch.float64)
+        if self.process_set.included():
+            with watchdog.guard("the non-finite gradient vote (hvdtrain.nonfinite_slices)"):
+                found = _hvd.allreduce(found, op=_hvd.Min, name="hvdtrain.nonfinite_slices",
+                                       process_set=self.process_set)
+        if not math.isfinite(found.item()):
+            return None
+        parameters = [p for shard in self._shards if shard is not None for p in shard.parameters]
+        return self._parameter_names.get(parameters[int(found.item())], "<unnamed>")
+
+    def _clip_slices(self, max_norm: float, norm_type: float) -> torch.Tensor:
+        """``shard_gradients``: clip every worker's slice of the averaged gradients by
+        their norm over all the slices (one scalar allreduce), as
+        ``torch.nn.utils.clip_grad_norm_`` clips whole gradients. Returns that norm."""
+        slices = [shard.shard for shard in self._shards
+                  if shard is not None and shard.shard.grad is not None]
+        local = torch.nn.utils.get_total_norm([p.grad for p in slices], norm_type)
+        local = local.to(torch.float64).reshape(1)
+        infinite = math.isinf(norm_type)
+        if self.process_set.included():
+            with watchdog.guard("the gradient norm allreduce (clip_grad_norm_)"):
+                total = _hvd.allreduce(local if infinite else local.pow(norm_type),
+                                       op=_hvd.Max if infinite else _hvd.Sum,
+                                       name="hvdtrain.gradient_norm",
+                                       process_set=self.process_set)
+        else:
+            total = local if infinite else local.pow(norm_type)
+        norm = total[0] if infinite else total[0].pow(1.0 / norm_type)
+        if slices:
+            norm = norm.to(slices[0].grad.dtype)
+            torch.nn.utils.clip_grads_with_norm_(slices, max_norm, norm)
+        return norm
+
     def _apply_averaged(self, closure=None):
         """Step this worker's slice of every param group with its slice of the state,
-        then broadcast each worker's slice into everyone's parameters."""
+        then share each worker's slice into everyone's parameters."""
         if closure is not None:
             raise ValueError("step(closure) with shard_state=True: a closure recomputes the "
                              "gradients after they were averaged, and the step would not "
@@ -211,11 +375,16 @@ class ShardedSteps:
                 "the optimizer state is sharded for another number of workers than there "
                 f"are now ({world}): an elastic reset happened without re-sharding it; keep "
                 "the optimizer in hvdtrain.adapters.torch.elastic.TorchState, which does")
+        # A worker outside the process set steps on its own whole gradients (Horovod's meaning).
+        sliced = self.shard_gradients and self.process_set.included()
+        if sliced:
+            self._require_averaged_slices()
         groups = [group["params"] for group in self.param_groups]
         for group, shard in zip(self.param_groups, self._shards, strict=True):
             if shard is not None:
                 shard.keep_linked(self._parameter_names)
-                shard.shard.grad = shard.gradient_slice()
+                if not sliced:
+                    shard.shard.grad = shard.gradient_slice()
             group["params"] = [shard.shard] if shard is not None and shard.shard.numel() else []
         try:
             with self.skip_synchronize():
@@ -226,28 +395,38 @@ class ShardedSteps:
                 group["params"] = params
                 if shard is not None:
                     shard.shard.grad = None
+                    if sliced:  # they hold NaN; the next backward starts anew
+                        for parameter in shard.parameters:
+                            parameter.grad = None
+            self._filled_gradients = {}
         if self.process_set.included():
             self._share_slices()
         return result
 
     def _share_slices(self) -> None:
-        """Broadcast each worker's stepped slice into everyone's parameters."""
-        handles = [handle for index, shard in enumerate(self._shards) if shard is not None
-                   for handle in shard.broadcast_slices(
-                       self.process_set, f"hvdtrain.shard_params.{index}")]
-        with watchdog.guard(f"the parameter broadcast of step {self.steps_taken - 1}"):
-            try:
-                for handle in handles:
-                    _hvd.synchronize(handle)
-            except HorovodInternalError as error:
-                if "with Join" not in str(error):
-                    raise
-                raise RuntimeError(
-                    "a worker called join() while others still step, but with "
-                    "shard_state=True every worker steps its slice of the parameters each "
-                    "step; give every worker the same number of steps "
-                    "(hvt.distributed_sampler(dataset) pads the shares), or drop "
-                    "shard_state for uneven shares") from error
+        """Give every worker each worker's stepped slice of the parameters: one
+        all-gather per param group when its buffer is small enough for the allocator to
+        reuse the result's memory (:data:`GATHER_MAX_BYTES`), else one in-place
+        broadcast per worker (no new memory). Horovod 0.28.1's all-gather breaks Horovod
+        itself when a worker has called ``join()`` (its broadcast and reduce-scatter
+        refuse cleanly), so it is used only when this step's reduction counted every
+        worker, as the reduce-scatter of ``shard_gradients`` always has."""
+        gather = self.shard_gradients or self._all_contributed
+        gathers, broadcasts = [], []
+        for index, shard in enumerate(self._shards):
+            if shard is None:
+                continue
+            name = f"hvdtrain.shard_params.{index}"
+            if gather and shard.buffer.numel() * shard.buffer.element_size() <= GATHER_MAX_BYTES:
+                gathers.append((shard, shard.gather_slices(self.process_set, name)))
+            else:
+                broadcasts.extend(shard.broadcast_slices(self.process_set, name))
+        with watchdog.guard(f"the parameter exchange of step {self.steps_taken - 1}"), \
+                _explaining_join():
+            for shard, handle in gathers:
+                shard.take_gathered(_hvd.synchronize(handle))
+            for handle in broadcasts:
+                _hvd.synchronize(handle)
 
     def state_dict(self) -> dict[str, Any]:
         """The whole optimizer state, gathered from every worker's slice, in the format

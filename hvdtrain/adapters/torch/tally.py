@@ -1,4 +1,5 @@
-"""The tally that rides behind the gradients in the torch optimizer's flat allreduce.
+"""The tally that rides behind the gradients in the torch optimizer's flat allreduce
+(and behind each worker's slice of them in the reduce-scatter of ``shard_gradients``).
 
 Two numbers follow the gradients in the same buffer: each rank's 1, which the reduction
 turns into the number of ranks that sent gradients (a rank that called ``join()`` sends
@@ -11,6 +12,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from hvdtrain.sharding import ShardLayout
 
 try:  # built by setup.py when a C compiler is there
     from hvdtrain import _packing
@@ -54,6 +57,48 @@ def flat_with_tally(gradients: list[torch.Tensor], dtype: torch.dtype, device: t
     else:
         flat[size + 1] = math.inf
     return flat
+
+
+def rows_with_tally(gradients: list[torch.Tensor], layout: ShardLayout, *, bound: bool
+                    ) -> torch.Tensor:
+    """``gradients`` laid end to end and cut into the workers' slices of ``layout``, one
+    row per worker (the last ones padded with zeros), each row followed by the tally: 1,
+    then the L2 norm of all the gradients (or, without ``bound``, infinity). A
+    reduce-scatter of the rows leaves each worker its slice with the tally reduced
+    over the workers, which :func:`read_tally` reads as after the allreduce.
+
+    Args:
+        gradients: one tensor per size of ``layout.sizes``, all of one dtype and device.
+        layout: how the buffer is split among the workers.
+        bound: whether to compute the norm.
+
+    Returns:
+        A ``(layout.world_size, layout.shard_length + TALLY)`` tensor.
+    """
+    first, length = gradients[0], layout.shard_length
+    rows = torch.empty((layout.world_size, length + TALLY), dtype=first.dtype,
+                       device=first.device)
+    one_pass = bound and _packs_in_one_pass(gradients, rows)
+    square_sum = 0.0
+    for rank in range(layout.world_size):
+        row = rows[rank]
+        start, end = layout.bounds(rank)
+        pieces = layout.pieces(rank)
+        if one_pass:
+            square_sum += _packing.pack_float32(
+                tuple(gradients[p.tensor].data_ptr() + p.tensor_offset * 4 for p in pieces),
+                tuple(p.length for p in pieces), row.data_ptr())
+        else:
+            for piece in pieces:
+                row[piece.shard_offset:piece.shard_offset + piece.length].copy_(
+                    gradients[piece.tensor].reshape(-1)[
+                        piece.tensor_offset:piece.tensor_offset + piece.length])
+            if bound:
+                square_sum += float(torch.dot(row[:end - start], row[:end - start]))
+        row[end - start:length].zero_()
+    rows[:, length] = 1
+    rows[:, length + 1] = math.sqrt(square_sum) if bound else math.inf
+    return rows
 
 
 def _packs_in_one_pass(gradients: list[torch.Tensor], flat: torch.Tensor) -> bool:
