@@ -171,11 +171,16 @@ class CheckedAveraging:
             The norm before clipping.
         """
         self._require_synchronized_for("clip_grad_norm_")
-        if self.shard_gradients:
+        if self._holds_gradient_slices():
             return self._clip_slices(max_norm, norm_type)  # ShardedSteps'
         return torch.nn.utils.clip_grad_norm_(
             [p for group in self.param_groups for p in group["params"] if p.grad is not None],
             max_norm, norm_type)
+
+    def _holds_gradient_slices(self) -> bool:
+        """Whether this worker's averaged gradients are its slices alone
+        (``shard_gradients``; a worker outside the process set keeps its own whole ones)."""
+        return self.shard_gradients and self.process_set.included()
 
     def _require_synchronized_for(self, what: str) -> None:
         if not self._synchronized:
@@ -280,7 +285,7 @@ class CheckedAveraging:
 
     def _first_nonfinite_gradient(self) -> str | None:
         """The name of the first parameter whose (averaged) gradient is not finite."""
-        if self.shard_gradients:
+        if self._holds_gradient_slices():
             return self._first_nonfinite_in_slices()  # ShardedSteps'
         parameters = [p for group in self.param_groups for p in group["params"]
                       if p.grad is not None]

@@ -375,8 +375,7 @@ class ShardedSteps:
                 "the optimizer state is sharded for another number of workers than there "
                 f"are now ({world}): an elastic reset happened without re-sharding it; keep "
                 "the optimizer in hvdtrain.adapters.torch.elastic.TorchState, which does")
-        # A worker outside the process set steps on its own whole gradients (Horovod's meaning).
-        sliced = self.shard_gradients and self.process_set.included()
+        sliced = self._holds_gradient_slices()
         if sliced:
             self._require_averaged_slices()
         groups = [group["params"] for group in self.param_groups]
