@@ -19,6 +19,7 @@ from hvdtrain import watchdog
 # synchronize(); distributed_class builds on them.
 from hvdtrain.adapters.torch._horovod import HorovodOptimizer as _HorovodOptimizer
 from hvdtrain.adapters.torch.compression import HOROVOD_COMPRESSION, bf16_allreduce_async
+from hvdtrain.adapters.torch.gradient_slices import SlicedGradients
 from hvdtrain.adapters.torch.sharding import ShardedSteps
 from hvdtrain.adapters.torch.tally import flat_with_tally, read_tally
 from hvdtrain.nonfinite import NonFiniteGradientError, nonfinite_gradient_message
@@ -86,7 +87,7 @@ class CheckedAveraging:
         # post-scaling divides by it, in the pass that divides by the world size.
         uniform = len(counts) == 1
         postscale = 1.0 / max(next(iter(counts)), 1) if uniform else 1.0
-        if self.shard_gradients:  # ShardedSteps'
+        if self.shard_gradients:  # SlicedGradients'
             self._reduce_scatter_gradients(postscale, None if uniform or not divide else passes)
             return
         if self._sends_flat():
@@ -172,7 +173,7 @@ class CheckedAveraging:
         """
         self._require_synchronized_for("clip_grad_norm_")
         if self._holds_gradient_slices():
-            return self._clip_slices(max_norm, norm_type)  # ShardedSteps'
+            return self._clip_slices(max_norm, norm_type)  # SlicedGradients'
         return torch.nn.utils.clip_grad_norm_(
             [p for group in self.param_groups for p in group["params"] if p.grad is not None],
             max_norm, norm_type)
@@ -286,7 +287,7 @@ class CheckedAveraging:
     def _first_nonfinite_gradient(self) -> str | None:
         """The name of the first parameter whose (averaged) gradient is not finite."""
         if self._holds_gradient_slices():
-            return self._first_nonfinite_in_slices()  # ShardedSteps'
+            return self._first_nonfinite_in_slices()  # SlicedGradients'
         parameters = [p for group in self.param_groups for p in group["params"]
                       if p.grad is not None]
         if not parameters:
@@ -373,7 +374,7 @@ def distributed_class(base: type, sharded: bool = False) -> type:
     """A class with ``base`` as its base, Horovod's optimizer methods and ours on top
     (with ``sharded``, :class:`.sharding.ShardedSteps`' over those)."""
     methods = dict(vars(_HorovodOptimizer))
-    layers = (CheckedAveraging, ShardedSteps) if sharded else (CheckedAveraging,)
+    layers = (CheckedAveraging, ShardedSteps, SlicedGradients) if sharded else (CheckedAveraging,)
     for layer in layers:
         methods.update((name, member) for name, member in vars(layer).items()
                        if name == "__init__" or not name.startswith("__"))

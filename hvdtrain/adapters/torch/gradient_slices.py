@@ -1,0 +1,152 @@
+"""ZeRO stage 2 for :func:`.optimizer.DistributedOptimizer` (``shard_gradients=True``):
+the gradients reduce-scattered, so that each worker receives the average of its own
+slice of every param group (:class:`.sharding.ParameterShard`) and nothing else.
+
+``synchronize()`` lays the gradients out as the workers' slices, each with the tally
+of the flat allreduce behind it (:func:`.tally.rows_with_tally`), reduce-scatters them,
+and fills the parameters' gradients with NaN, since they no longer hold the average.
+``step()`` then refuses gradients changed since (torch's ``clip_grad_norm_``,
+``GradScaler.unscale_``); clipping and the non-finite check work on the slices.
+Stage 1, stepping the slices and sharing them back, is :mod:`.sharding`'s.
+
+``SlicedGradients``' methods join :class:`.sharding.ShardedSteps`' in the class that
+:func:`.averaging.distributed_class` builds with ``sharded=True``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import horovod.torch as _hvd
+import torch
+
+from hvdtrain import watchdog
+from hvdtrain.adapters.torch.sharding import explaining_join
+from hvdtrain.adapters.torch.tally import read_tally, rows_with_tally
+
+__all__ = ["SlicedGradients"]
+
+
+class SlicedGradients:
+    """The distributed optimizer's methods for ``shard_gradients=True`` (see the module)."""
+
+    def _reduce_scatter_gradients(self, postscale: float, passes: dict | None) -> None:
+        """``shard_gradients``: reduce-scatter each param group's gradients (and the
+        tally, :func:`.tally.rows_with_tally`), so that this worker holds the average of
+        its slice alone, as ``shard.grad``; the gradients themselves are then filled
+        with NaN, so that nothing reads them as averaged. ``passes``: the backward
+        passes of each gradient, to divide by here when they differ (else None)."""
+        if passes is not None:
+            for parameter, count in passes.items():
+                if count > 1 and parameter.grad is not None:
+                    parameter.grad.div_(count)
+        predivide = self.gradient_predivide_factor if self.op == _hvd.Average else 1.0
+        bound = self.check_nonfinite and self._compression is _hvd.Compression.none
+        pending = []
+        for index, shard in enumerate(self._shards):
+            if shard is None:
+                continue
+            for parameter in shard.parameters:
+                if parameter.grad is None:  # another rank may have computed it
+                    parameter.grad = torch.zeros_like(parameter)
+                elif parameter.grad.is_sparse:
+                    raise ValueError(
+                        f"the gradient of {self._parameter_names.get(parameter, '<unnamed>')!r} "
+                        "is sparse, but shard_gradients=True reduce-scatters dense gradients; "
+                        "make the layer dense (nn.Embedding(sparse=False)) or drop "
+                        "shard_gradients")
+            rows = rows_with_tally([p.grad for p in shard.parameters], shard.layout, bound=bound)
+            wire, context = self._compression.compress(rows)
+            handle = _hvd.reducescatter_async(
+                wire, name=f"hvdtrain.gradient_slices.{index}", op=self.op,
+                prescale_factor=1.0 / predivide, postscale_factor=postscale * predivide,
+                process_set=self.process_set)
+            pending.append((shard, context, handle))
+            for parameter in shard.parameters:
+                parameter.grad.fill_(float("nan"))
+        unit = postscale / (self.process_set.size() if self.op == _hvd.Average else 1)
+        with watchdog.guard(f"the gradient reduce-scatter of step {self.steps_taken}"), \
+                explaining_join():
+            for shard, context, handle in pending:
+                row = self._compression.decompress(_hvd.synchronize(handle), context)
+                gradients, contributors, finite = read_tally(
+                    row.reshape(-1), unit, prescale=1.0 / predivide)
+                factor = self._joined_rescale(contributors)
+                if factor is not None:
+                    gradients.mul_(factor)
+                shard.shard.grad = gradients[:shard.layout.end - shard.layout.start]
+                self._flat_gradients.append((shard.shard.grad, [shard.shard], finite))
+        self._filled_gradients = {parameter: (parameter.grad, parameter.grad._version)
+                                  for shard in self._shards if shard is not None
+                                  for parameter in shard.parameters}
+        self._finish_synchronize()
+
+    def _require_averaged_slices(self) -> None:
+        """``shard_gradients``: raise unless this step's gradients were reduce-scattered
+        and none changed since, as torch's ``clip_grad_norm_`` or
+        ``GradScaler.unscale_`` would change them: each worker holds only its slice of
+        the averaged gradients, so those would act on a part of them, or on none."""
+        if not self._filled_gradients:
+            raise RuntimeError("step() inside skip_synchronize() without synchronize() first: "
+                               "with shard_gradients=True the step needs this worker's slice "
+                               "of the averaged gradients; call optimizer.synchronize() first")
+        for parameter, (gradient, version) in self._filled_gradients.items():
+            if parameter.grad is not gradient or gradient._version != version:
+                raise RuntimeError(
+                    f"the gradient of {self._parameter_names.get(parameter, '<unnamed>')!r} "
+                    "changed after synchronize(), but with shard_gradients=True each worker "
+                    "holds only its slice of the averaged gradients (p.grad holds NaN), so "
+                    "whatever changed it (torch.nn.utils.clip_grad_norm_, "
+                    "GradScaler.unscale_, ...) did not act on the averaged gradients; clip "
+                    "with optimizer.clip_grad_norm_(max_norm), which takes the norm over "
+                    "every worker's slice, or drop shard_gradients")
+
+    def _first_nonfinite_in_slices(self) -> str | None:
+        """``shard_gradients``: the name of the first parameter, in the order of the param
+        groups, with a NaN or Inf in any worker's slice of its averaged gradient (one
+        scalar allreduce, so every worker names the same one)."""
+        first = math.inf
+        position = 0
+        for shard in self._shards:
+            if shard is None:
+                continue
+            gradient = shard.shard.grad
+            if gradient is not None and not bool(torch.isfinite(gradient).all()):
+                for piece in shard.layout.pieces():
+                    values = gradient[piece.shard_offset:piece.shard_offset + piece.length]
+                    if not bool(torch.isfinite(values).all()):
+                        first = min(first, position + piece.tensor)
+                        break
+            position += len(shard.parameters)
+        found = torch.tensor(first, dtype=torch.float64)
+        if self.process_set.included():
+            with watchdog.guard("the non-finite gradient vote (hvdtrain.nonfinite_slices)"):
+                found = _hvd.allreduce(found, op=_hvd.Min, name="hvdtrain.nonfinite_slices",
+                                       process_set=self.process_set)
+        if not math.isfinite(found.item()):
+            return None
+        parameters = [p for shard in self._shards if shard is not None for p in shard.parameters]
+        return self._parameter_names.get(parameters[int(found.item())], "<unnamed>")
+
+    def _clip_slices(self, max_norm: float, norm_type: float) -> torch.Tensor:
+        """``shard_gradients``: clip every worker's slice of the averaged gradients by
+        their norm over all the slices (one scalar allreduce), as
+        ``torch.nn.utils.clip_grad_norm_`` clips whole gradients. Returns that norm."""
+        slices = [shard.shard for shard in self._shards
+                  if shard is not None and shard.shard.grad is not None]
+        local = torch.nn.utils.get_total_norm([p.grad for p in slices], norm_type)
+        local = local.to(torch.float64).reshape(1)
+        infinite = math.isinf(norm_type)
+        if self.process_set.included():
+            with watchdog.guard("the gradient norm allreduce (clip_grad_norm_)"):
+                total = _hvd.allreduce(local if infinite else local.pow(norm_type),
+                                       op=_hvd.Max if infinite else _hvd.Sum,
+                                       name="hvdtrain.gradient_norm",
+                                       process_set=self.process_set)
+        else:
+            total = local if infinite else local.pow(norm_type)
+        norm = total[0] if infinite else total[0].pow(1.0 / norm_type)
+        if slices:
+            norm = norm.to(slices[0].grad.dtype)
+            torch.nn.utils.clip_grads_with_norm_(slices, max_norm, norm)
+        return norm
