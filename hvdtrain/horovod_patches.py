@@ -49,6 +49,7 @@ CACHED_BUILD_CHECKS = "0004-cache-build-checks"
 STATEFUL_JOIN = "0005-stateful-join"
 ELASTIC_TIMEOUT_TO_WORKERS = "0006-elastic-timeout-to-workers"
 GLOO_RING_REDUCESCATTER = "0007-gloo-ring-reducescatter"
+MPI_RING_REDUCESCATTER = "0008-mpi-ring-reducescatter"
 
 PATCHES: tuple[Patch, ...] = (
     Patch(QUIET_EXTENSION_CHECK, "horovodrun's build check prints TensorFlow's start-up log"),
@@ -64,6 +65,9 @@ PATCHES: tuple[Patch, ...] = (
                                       "not by horovodrun's --elastic-timeout"),
     Patch(GLOO_RING_REDUCESCATTER, "Horovod's Gloo reduce-scatter takes 1.7-5x its allreduce, "
                                    "so shard_gradients=True is slow under Gloo"),
+    Patch(MPI_RING_REDUCESCATTER, "Open MPI's reduce-scatter of a large buffer takes 2.7x "
+                                  "its allreduce, so shard_gradients=True is slow under MPI "
+                                  "on large models"),
 )
 
 # Read once per process (installed()), and announced once per process (announce_missing()).

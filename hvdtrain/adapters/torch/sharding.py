@@ -14,8 +14,9 @@ alone, and the stepped slices are shared back into every worker's buffer (an
 all-gather, or in-place broadcasts for buffers above :data:`GATHER_MAX_BYTES`).
 
 Stage 1 moves one and a half allreduces' worth of bytes per step, stage 2 one (a
-reduce-scatter and the sharing). Horovod 0.28.1's Gloo reduce-scatter is fast only with
-hvdtrain's patch ``0007-gloo-ring-reducescatter`` (benchmarks/README.md, benchmark 7).
+reduce-scatter and the sharing). Horovod 0.28.1's reduce-scatter is fast only with
+hvdtrain's patches ``0007-gloo-ring-reducescatter`` and ``0008-mpi-ring-reducescatter``
+(benchmarks/README.md, benchmark 7).
 
 The reduce-scatter of ``shard_gradients`` is :mod:`.gradient_slices`'.
 ``ShardedSteps``' methods replace :class:`.averaging.CheckedAveraging`'s in the class

@@ -1,9 +1,10 @@
-"""Runs on each rank: Horovod's reduce-scatter (under Gloo, patch 0007's ring) on tensors
-every rank can also build for the others, so the expected slice is computed here
-independently: the sum (or mean) over the ranks' tensors, split by rows as Horovod
-documents it (the first ``rows % size`` ranks get one row more).
+"""Runs on each rank: Horovod's reduce-scatter (patch 0007's ring under Gloo, 0008's under
+MPI for buffers of 1 MiB and more) on tensors every rank can also build for the others,
+so the expected slice is computed here independently: the sum (or mean) over the ranks'
+tensors, split by rows as Horovod documents it (the first ``rows % size`` ranks get one
+row more).
 
-``python gloo_reducescatter.py``. Prints ``REPORT {json}`` per rank with, per case, the
+``python reducescatter.py``. Prints ``REPORT {json}`` per rank with, per case, the
 largest difference from the expected slice and its shape.
 """
 
@@ -13,16 +14,19 @@ import torch
 
 import hvdtrain.adapters.torch as hvt
 
-# (rows, columns, dtype): uneven splits, fewer rows than ranks, integers, one column
+# (rows, columns, dtype): uneven splits, fewer rows than ranks, integers, one column; the
+# large ones (over 1 MiB) take patch 0008's ring under MPI, float16 its own sum operation.
 CASES = {"float32_uneven": (7, 5, torch.float32), "float64_even": (6, 3, torch.float64),
          "int32": (9, 2, torch.int32), "fewer_rows_than_ranks": (2, 4, torch.float64),
-         "vector": (1001, 1, torch.float64)}
+         "vector": (1001, 1, torch.float64), "float32_large_uneven": (65_537, 5, torch.float32),
+         "float16_large": (300_001, 2, torch.float16)}
 
 
 def tensor_of(rank: int, rows: int, columns: int, dtype: torch.dtype) -> torch.Tensor:
     generator = torch.Generator().manual_seed(1000 * rank + rows)
     values = torch.randint(-50, 50, (rows, columns), generator=generator)
-    return values.to(dtype) if dtype == torch.int32 else values.to(dtype) / 7
+    # Integers where the type is too coarse for sevenths to sum exactly.
+    return values.to(dtype) if dtype in (torch.int32, torch.float16) else values.to(dtype) / 7
 
 
 def my_rows(rows: int, rank: int, size: int) -> slice:
@@ -58,12 +62,20 @@ def main() -> None:
     # Scaled first (the copy-in path) and fused (two tensors in one buffer).
     rows, columns, dtype = CASES["float64_even"]
     mine = tensor_of(hvt.rank(), rows, columns, dtype)
-    scaled = hvt.reducescatter(mine, name="rs.prescaled", op=hvt.Sum, prescale_factor=3.0)
-    outcome["prescaled"] = {"sum": difference(scaled, 3 * expected(rows, columns, dtype, False))}
+    for case, scaled_rows in (("prescaled", rows), ("prescaled_large", 150_001)):
+        tensor = tensor_of(hvt.rank(), scaled_rows, columns, dtype)
+        scaled = hvt.reducescatter(tensor, name=f"rs.{case}", op=hvt.Sum, prescale_factor=3.0)
+        outcome[case] = {"sum": difference(scaled,
+                                           3 * expected(scaled_rows, columns, dtype, False))}
     other = tensor_of(hvt.rank(), 7, 5, torch.float64)
     fused = hvt.grouped_reducescatter([mine, other], name="rs.fused", op=hvt.Sum)
     outcome["fused"] = {"sum": max(difference(fused[0], expected(rows, columns, dtype, False)),
                                    difference(fused[1], expected(7, 5, torch.float64, False)))}
+    large = tensor_of(hvt.rank(), 100_003, 2, torch.float64)
+    fused = hvt.grouped_reducescatter([mine, large], name="rs.fused_large", op=hvt.Sum)
+    outcome["fused_large"] = {
+        "sum": max(difference(fused[0], expected(rows, columns, dtype, False)),
+                   difference(fused[1], expected(100_003, 2, torch.float64, False)))}
     print("REPORT " + json.dumps({"rank": hvt.rank(), "size": hvt.size(),
                                   "cases": outcome}), flush=True)
     hvt.shutdown()
