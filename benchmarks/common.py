@@ -74,6 +74,7 @@ def horovod_result(script: str, args: Sequence[str] = (), *, np: int = 2,
 
 
 def torchrun_result(script: str, args: Sequence[str] = (), *, np: int = 2,
+                    env: Mapping[str, str] | None = None,
                     timeout: float = 900) -> dict[str, Any]:
     """Run ``benchmarks/<script>`` on ``np`` processes under torchrun; rank 0's RESULT
     (the worker prints it on rank 0 only)."""
@@ -81,7 +82,7 @@ def torchrun_result(script: str, args: Sequence[str] = (), *, np: int = 2,
     command = [str(torchrun), "--standalone", f"--nproc-per-node={np}",
                str(HERE / script), *args]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **ONE_THREAD})
+                          env={**os.environ, **ONE_THREAD, **(env or {})})
     printed = "RESULT " in done.stdout
     if done.returncode != 0 and not printed:
         raise RuntimeError(f"{' '.join(command)} exited {done.returncode}:\n"

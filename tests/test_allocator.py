@@ -18,7 +18,7 @@ from hvdtrain import allocator, runtime
 applied = allocator.keep_freed_memory() if sys.argv[1] == "keep" else False
 if sys.argv[1] == "init":  # what every adapter's init() runs
     runtime.apply_runtime_defaults(accelerator=False)
-sizes = [3, 20, 7, 20, 12]  # MiB
+sizes = [int(n) for n in sys.argv[2].split(",")] if len(sys.argv) > 2 else [3, 20, 7, 20, 12]  # MiB
 def step():
     buffers = [np.ones(n * 1024 * 256, dtype=np.float32) for n in sizes]
     del buffers
@@ -32,8 +32,9 @@ print(json.dumps({"applied": applied,
 """
 
 
-def _faults(mode: str, **environ: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", _STEPS, mode], capture_output=True,
+def _faults(mode: str, *sizes: int, **environ: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", _STEPS, mode,
+                           *([",".join(map(str, sizes))] if sizes else [])], capture_output=True,
                           text=True, timeout=60, env={**os.environ, **environ}, check=True)
     return json.loads(done.stdout)
 
@@ -56,6 +57,27 @@ def test_the_switch_and_glibcs_own_variables_leave_the_allocator_alone(environ):
     assert _faults("keep", **environ)["applied"] is False
 
 
+@pytest.mark.timeout(120)
+def test_all_keeps_blocks_above_glibcs_largest_mmap_threshold_too():
+    """Blocks above 32 MiB are mapped afresh on every allocation by default (each step
+    faults them in again); with HVDTRAIN_KEEP_FREED_MEMORY=all they come from the heap
+    and are reused."""
+    large = (40, 64, 48)  # MiB per step
+    default = _faults("keep", *large)
+    kept = _faults("keep", *large, **{allocator.SWITCH: allocator.ALL})
+    assert default["applied"] is True and kept["applied"] is True
+    # NumPy asks for huge pages on arrays this large, hence far fewer faults than 4 KiB
+    # pages would take (about 8,000 here for the 5 steps).
+    assert default["faults"] > 1_000, default
+    assert kept["faults"] < default["faults"] / 20, (kept, default)
+
+
+def test_a_value_of_the_switch_that_is_no_choice_is_refused(monkeypatch):
+    monkeypatch.setenv(allocator.SWITCH, "yes")
+    with pytest.raises(ValueError, match="HVDTRAIN_KEEP_FREED_MEMORY='yes' is not a choice"):
+        allocator.keep_freed_memory(_Libc())
+
+
 class _Libc:
     def __init__(self, answer: int = 1):
         self.calls, self.answer = [], answer
@@ -75,3 +97,7 @@ def test_sets_the_three_limits_and_reports_a_refusal(monkeypatch):
                                          (-2, allocator.TOP_PAD_BYTES)])
     assert allocator.keep_freed_memory(_Libc(answer=0)) is False
     assert allocator.keep_freed_memory(object()) is False  # a C library without mallopt
+    monkeypatch.setenv(allocator.SWITCH, "all")
+    libc = _Libc()
+    assert allocator.keep_freed_memory(libc) is True
+    assert (-4, 0) in libc.calls and len(libc.calls) == 4  # M_MMAP_MAX: no mapping at all

@@ -21,6 +21,7 @@ REPORTS = {
     "keras_throughput": ("keras", {"modes"}),
     "goyal": ("goyal", {"tuned_eta", "baselines", "large_batch"}),
     "sharding": ("sharding", {"models", "peak_rss_bytes", "targets"}),
+    "allocator": ("allocator", {"contenders", "target_step_ratio"}),
 }
 
 
