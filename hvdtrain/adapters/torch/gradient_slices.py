@@ -104,7 +104,8 @@ class SlicedGradients:
     def _first_nonfinite_in_slices(self) -> str | None:
         """``shard_gradients``: the name of the first parameter, in the order of the param
         groups, with a NaN or Inf in any worker's slice of its averaged gradient (one
-        scalar allreduce, so every worker names the same one)."""
+        scalar allreduce, so every worker names the same one). Only on a worker in the
+        process set (``_holds_gradient_slices()``)."""
         first = math.inf
         position = 0
         for shard in self._shards:
@@ -118,11 +119,10 @@ class SlicedGradients:
                         first = min(first, position + piece.tensor)
                         break
             position += len(shard.parameters)
-        found = torch.tensor(first, dtype=torch.float64)
-        if self.process_set.included():
-            with watchdog.guard("the non-finite gradient vote (hvdtrain.nonfinite_slices)"):
-                found = _hvd.allreduce(found, op=_hvd.Min, name="hvdtrain.nonfinite_slices",
-                                       process_set=self.process_set)
+        with watchdog.guard("the non-finite gradient vote (hvdtrain.nonfinite_slices)"):
+            found = _hvd.allreduce(torch.tensor(first, dtype=torch.float64), op=_hvd.Min,
+                                   name="hvdtrain.nonfinite_slices",
+                                   process_set=self.process_set)
         if not math.isfinite(found.item()):
             return None
         parameters = [p for shard in self._shards if shard is not None for p in shard.parameters]
@@ -131,20 +131,17 @@ class SlicedGradients:
     def _clip_slices(self, max_norm: float, norm_type: float) -> torch.Tensor:
         """``shard_gradients``: clip every worker's slice of the averaged gradients by
         their norm over all the slices (one scalar allreduce), as
-        ``torch.nn.utils.clip_grad_norm_`` clips whole gradients. Returns that norm."""
+        ``torch.nn.utils.clip_grad_norm_`` clips whole gradients. Returns that norm. Only
+        on a worker in the process set (``_holds_gradient_slices()``)."""
         slices = [shard.shard for shard in self._shards
                   if shard is not None and shard.shard.grad is not None]
         local = torch.nn.utils.get_total_norm([p.grad for p in slices], norm_type)
         local = local.to(torch.float64).reshape(1)
         infinite = math.isinf(norm_type)
-        if self.process_set.included():
-            with watchdog.guard("the gradient norm allreduce (clip_grad_norm_)"):
-                total = _hvd.allreduce(local if infinite else local.pow(norm_type),
-                                       op=_hvd.Max if infinite else _hvd.Sum,
-                                       name="hvdtrain.gradient_norm",
-                                       process_set=self.process_set)
-        else:
-            total = local if infinite else local.pow(norm_type)
+        with watchdog.guard("the gradient norm allreduce (clip_grad_norm_)"):
+            total = _hvd.allreduce(local if infinite else local.pow(norm_type),
+                                   op=_hvd.Max if infinite else _hvd.Sum,
+                                   name="hvdtrain.gradient_norm", process_set=self.process_set)
         norm = total[0] if infinite else total[0].pow(1.0 / norm_type)
         if slices:
             norm = norm.to(slices[0].grad.dtype)
