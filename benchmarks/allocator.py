@@ -17,17 +17,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common import (
-    horovod_result,
-    interleaved,
-    markdown_table,
-    median,
-    median_ratio,
-    ms,
-    pyplot,
-    torchrun_result,
-    write_result,
-)
+from common import interleaved, markdown_table, median, median_ratio, ms, pyplot, write_result
+from sharding import ddp_contender, hvdtrain_contender
 
 from hvdtrain.allocator import ALL, SWITCH
 
@@ -40,20 +31,12 @@ HVDTRAIN = {"hvdtrain flat mpi": ("flat", "mpi"), "hvdtrain flat gloo": ("flat",
 DDP = "DDP AdamW"
 
 
-def _hvdtrain(model: str, steps: int, mode: str, controller: str, env: dict):
-    return lambda: horovod_result("sharding_worker.py", [model, str(steps), mode],
-                                  controller=controller, env=env)
-
-
-def _ddp(model: str, steps: int, env: dict):
-    return lambda: torchrun_result("ddp_worker.py", [model, str(steps), "adamw"], env=env)
-
-
 def run(folder: Path, smoke: bool) -> dict:
     model, steps, rounds = ("mlp", 1, 1) if smoke else (MODEL, STEPS, 5)
-    bases = {name: (lambda env, m=mode, c=controller: _hvdtrain(model, steps, m, c, env))
+    bases = {name: (lambda env, m=mode, c=controller:
+                    hvdtrain_contender(model, str(steps), m, c, env))
              for name, (mode, controller) in HVDTRAIN.items()}
-    bases[DDP] = lambda env: _ddp(model, steps, env)
+    bases[DDP] = lambda env: ddp_contender(model, str(steps), "adamw", env)
     if smoke:  # that it still runs
         bases = {name: bases[name] for name in ("hvdtrain flat gloo", DDP)}
     contenders = {f"{name}, {setting}": make(env)

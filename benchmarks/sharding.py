@@ -46,22 +46,25 @@ HVDTRAIN_SHARDED = tuple(name for name in PAIRS if name.startswith("hvdtrain"))
 STEPS = {"mlp": 200, "convdense": 40, "large": 10}
 
 
-def _hvdtrain(models: str, steps: str, mode: str, controller: str):
+def hvdtrain_contender(models: str, steps: str, mode: str, controller: str,
+                      env: dict[str, str] | None = None):
+    """A launch of sharding_worker.py: hvdtrain with AdamW, ``mode`` flat, zero1 or zero2."""
     return lambda: horovod_result("sharding_worker.py", [models, steps, mode],
-                                  controller=controller)
+                                  controller=controller, env=env)
 
 
-def _ddp(models: str, steps: str, kind: str):
-    return lambda: torchrun_result("ddp_worker.py", [models, steps, kind])
+def ddp_contender(models: str, steps: str, kind: str, env: dict[str, str] | None = None):
+    """A torchrun launch of ddp_worker.py (``kind`` adamw or zero)."""
+    return lambda: torchrun_result("ddp_worker.py", [models, steps, kind], env=env)
 
 
 def run(folder: Path, smoke: bool) -> dict:
     models, rounds = (("mlp",), 1) if smoke else (MODELS, 5)
     steps = ",".join(f"{m}={1 if smoke else STEPS[m]}" for m in models)
     names = ",".join(models)
-    contenders = {name: _hvdtrain(names, steps, mode, controller)
+    contenders = {name: hvdtrain_contender(names, steps, mode, controller)
                   for name, (mode, controller) in HVDTRAIN.items()}
-    contenders.update({name: _ddp(names, steps, kind) for name, kind in DDP.items()})
+    contenders.update({name: ddp_contender(names, steps, kind) for name, kind in DDP.items()})
     if smoke:  # that they still run: one of each kind
         contenders = {name: contenders[name] for name in (
             "hvdtrain flat mpi", "hvdtrain zero1 mpi", "hvdtrain zero2 gloo",
