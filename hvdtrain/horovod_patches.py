@@ -50,6 +50,7 @@ STATEFUL_JOIN = "0005-stateful-join"
 ELASTIC_TIMEOUT_TO_WORKERS = "0006-elastic-timeout-to-workers"
 GLOO_RING_REDUCESCATTER = "0007-gloo-ring-reducescatter"
 MPI_RING_REDUCESCATTER = "0008-mpi-ring-reducescatter"
+GLOO_RELEASE_AT_SHUTDOWN = "0009-gloo-release-at-shutdown"
 
 PATCHES: tuple[Patch, ...] = (
     Patch(QUIET_EXTENSION_CHECK, "horovodrun's build check prints TensorFlow's start-up log"),
@@ -68,6 +69,9 @@ PATCHES: tuple[Patch, ...] = (
     Patch(MPI_RING_REDUCESCATTER, "Open MPI's reduce-scatter of a large buffer takes 2.7x "
                                   "its allreduce, so shard_gradients=True is slow under MPI "
                                   "on large models"),
+    Patch(GLOO_RELEASE_AT_SHUTDOWN, "under Gloo, each rank keeps its connections to the "
+                                    "others and two threads after shutdown(), torn down "
+                                    "only while the process exits"),
 )
 
 # Read once per process (installed()), and announced once per process (announce_missing()).
