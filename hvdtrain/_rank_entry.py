@@ -3,10 +3,13 @@
 ``python -m hvdtrain._rank_entry RANK_DIR SCRIPT [ARGS...]`` sends this process's
 stdout and stderr (Python's and the C++ runtime's alike) to ``RANK_DIR/rank-N.log``,
 runs SCRIPT as ``__main__``, and records its exit code in ``RANK_DIR/rank-N.exit``.
+A crash in native code while the script runs (a segfault, an abort) writes the Python
+stack of every thread to the log first (:mod:`faulthandler`).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import runpy
 import sys
@@ -51,6 +54,7 @@ def main() -> None:
         raise RuntimeError("no rank in the environment: run this under horovodrun or mpirun")
     (rank_dir / f"rank-{rank}.pid").write_text(str(os.getpid()))
     _redirect_output(rank_dir / f"rank-{rank}.log")
+    faulthandler.enable(all_threads=True)
     code = _run_script(script, args)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -43,7 +43,13 @@ class LaunchError(RuntimeError):
 
 @dataclass(frozen=True)
 class RankResult:
-    """What one rank did: its exit code (None if it never finished) and its output."""
+    """What one rank did: its script's exit code and its output.
+
+    ``exit_code`` is what the script returned or passed to ``sys.exit``, recorded before
+    the interpreter ends; None when the script never got there (killed, crashed, timed
+    out). A process that crashes while exiting after that keeps its code here; the
+    launcher's return code and output show the crash.
+    """
 
     rank: int
     exit_code: int | None
@@ -77,7 +83,8 @@ class LaunchResult:
         status = "timed out" if self.timed_out else f"horovodrun exited {self.returncode}"
         parts = [f"{' '.join(self.command)}\n{status}"]
         for rank in self.ranks:
-            code = "never finished" if rank.exit_code is None else f"exit {rank.exit_code}"
+            code = ("its script did not return" if rank.exit_code is None
+                    else f"its script exited {rank.exit_code}")
             parts.append(f"--- rank {rank.rank} ({code}) ---\n{rank.output.rstrip()}")
         parts.append(f"--- horovodrun ---\n{self.launcher_output.rstrip()}")
         return "\n".join(parts)

@@ -29,7 +29,19 @@ def test_each_rank_has_its_own_exit_code_and_output(tmp_path):
     assert "rank 0 says hello" in result.ranks[0].output
     assert "rank 1 says hello" in result.ranks[1].output
     assert "rank 0 says hello" not in result.ranks[1].output
-    with pytest.raises(LaunchError, match=r"rank 1 \(exit 3\)"):
+    with pytest.raises(LaunchError, match=r"rank 1 \(its script exited 3\)"):
+        result.check()
+
+
+def test_a_crash_in_native_code_leaves_the_python_stacks_in_the_ranks_output():
+    result = launch("native_crash.py")
+    assert not result.ok and result.returncode != 0
+    crashed = result.ranks[1]
+    assert crashed.exit_code is None
+    assert "rank 1 crashes now" in crashed.output
+    assert "Fatal Python error: Aborted" in crashed.output
+    assert "in crash_in_native_code" in crashed.output
+    with pytest.raises(LaunchError, match=r"rank 1 \(its script did not return\)"):
         result.check()
 
 
