@@ -51,6 +51,7 @@ ELASTIC_TIMEOUT_TO_WORKERS = "0006-elastic-timeout-to-workers"
 GLOO_RING_REDUCESCATTER = "0007-gloo-ring-reducescatter"
 MPI_RING_REDUCESCATTER = "0008-mpi-ring-reducescatter"
 GLOO_RELEASE_AT_SHUTDOWN = "0009-gloo-release-at-shutdown"
+RENDEZVOUS_CLEARS_FINISHED_SCOPES = "0010-rendezvous-clears-finished-scopes"
 
 PATCHES: tuple[Patch, ...] = (
     Patch(QUIET_EXTENSION_CHECK, "horovodrun's build check prints TensorFlow's start-up log"),
@@ -72,6 +73,11 @@ PATCHES: tuple[Patch, ...] = (
     Patch(GLOO_RELEASE_AT_SHUTDOWN, "under Gloo, each rank keeps its connections to the "
                                     "others and two threads after shutdown(), torn down "
                                     "only while the process exits"),
+    Patch(RENDEZVOUS_CLEARS_FINISHED_SCOPES, "under Gloo, a worker that calls init() again "
+                                             "after shutdown() in the same horovodrun job "
+                                             "can abort there (gloo::IoException) when one "
+                                             "rank left the last rendezvous later than "
+                                             "another"),
 )
 
 # Read once per process (installed()), and announced once per process (announce_missing()).

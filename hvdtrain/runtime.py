@@ -17,6 +17,7 @@ runs, and only the watchdog does. docs/failures.md has the timings.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Mapping
@@ -157,11 +158,33 @@ def init_horovod(horovod_module, comm=None, process_sets=None, *,
     apply_runtime_defaults(accelerator,
                            idle_wait=horovod_patches.has_patch(horovod_patches.IDLE_WAIT))
     watchdog.timeout_seconds()  # a malformed limit fails before any worker starts waiting
+    if horovod_module.mpi_built() and uses_mpi():
+        start_mpi_for_good()
     horovod_module.init(comm=comm, process_sets=process_sets)
     announce_single_worker()
     horovod_patches.announce_missing(horovod_module.local_rank())
     report_failures_as_rank(horovod_module.rank())
     watchdog.start(horovod_module.rank(), horovod_module.size())
+
+
+def uses_mpi(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether Horovod, built with MPI, will use it: as its controller (its default;
+    ``horovodrun --gloo`` sets ``HOROVOD_CONTROLLER=gloo``) or for its CPU collectives."""
+    return (environ.get("HOROVOD_CONTROLLER", "mpi").lower() == "mpi"
+            or environ.get("HOROVOD_CPU_OPERATIONS", "").lower() == "mpi")
+
+
+def start_mpi_for_good() -> None:
+    """Start MPI through mpi4py, before Horovod does, so ``init()`` works after ``shutdown()``.
+
+    Horovod finalizes an MPI it started itself at ``shutdown()``, and MPI cannot start
+    twice in one process: a second ``init()`` died in MPI ("MPI_Query_thread() function was
+    called after MPI_FINALIZE"). An MPI that mpi4py started is left running by Horovod and
+    finalized by mpi4py when the interpreter exits. Without mpi4py, Horovod starts MPI as
+    before.
+    """
+    with contextlib.suppress(ImportError):
+        from mpi4py import MPI  # noqa: F401  (importing it starts MPI)
 
 
 def report_failures_as_rank(rank: int) -> None:
