@@ -6,7 +6,7 @@ PYTHON := $(VENV)/bin/python
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: setup demo test lint doctor bench stock-horovod docs
+.PHONY: setup demo test lint doctor bench stock-horovod docs horovod-tests
 
 setup:
 	bash scripts/setup.sh
@@ -39,3 +39,13 @@ stock-horovod: setup
 # docs/api/index.html); tests/test_docs.py builds it and checks every cross-reference.
 docs: setup
 	KERAS_BACKEND=tensorflow $(PYTHON) -m pdoc --docformat google hvdtrain '!hvdtrain\._.*' --output-directory docs/api
+
+# Horovod 0.28.1's own test_torch.py with its import changed to hvdtrain's adapter, on 2
+# ranks, RUNS times (about 75 s each); it is not in Horovod's PyPI sdist, so it needs a
+# clone of https://github.com/horovod/horovod:
+#   make horovod-tests HOROVOD_CHECKOUT=../horovod [CONTROLLER=mpi] [RUNS=5]
+CONTROLLER ?= gloo
+RUNS ?= 1
+horovod-tests: setup
+	@test -n "$(HOROVOD_CHECKOUT)" || { echo "set HOROVOD_CHECKOUT to a clone of https://github.com/horovod/horovod"; exit 2; }
+	PYTHON=$(PYTHON) bash scripts/horovod-torch-tests.sh "$(HOROVOD_CHECKOUT)" $(CONTROLLER) $(RUNS)
