@@ -32,6 +32,8 @@ CONTROLLER="${2:-gloo}"
 RUNS="${3:-1}"
 case "$CONTROLLER" in gloo|mpi) ;; *) die "the controller is gloo or mpi, not '$CONTROLLER'" ;; esac
 [ -x "$PYTHON" ] || die "$PYTHON not found: run scripts/setup.sh first, or set PYTHON"
+# Absolute, as the tests run in a folder of their own (not resolved: a venv's python is a link).
+PYTHON="$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON")"
 
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
@@ -60,7 +62,7 @@ for run in $(seq "$RUNS"); do
     log="$WORK/run$run.log"
     status=0
     (cd "$WORK" && timeout 1500 "$(dirname "$PYTHON")/horovodrun" -np 2 "--$CONTROLLER" \
-        "$PYTHON" -m pytest -q -rf -p no:cacheprovider test_torch.py) >"$log" 2>&1 \
+        "$PYTHON" -m pytest -q -rf --color=no -p no:cacheprovider test_torch.py) >"$log" 2>&1 \
         || status=$?
     # pytest's summary per rank, e.g. "[0]<stdout>:4 failed, 101 passed, 10 skipped in 95s"
     summaries="$(grep -E '[0-9]+ (passed|failed)' "$log" | grep -E ' in [0-9.]+s' || true)"
