@@ -91,7 +91,8 @@ def test_init_works_again_after_shutdown_round_after_round(controller, np):
     patch 0010 (tests/test_horovod_patches.py has the deterministic test); under MPI the
     second init() died in MPI, which Horovod had finalized, until init() started MPI
     through mpi4py (:func:`hvdtrain.runtime.start_mpi_for_good`)."""
-    done = launch("reinit.py", str(ROUNDS), controller=controller, np=np).check()
-    for report in reports(done):
+    done = reports(launch("reinit.py", str(ROUNDS), controller=controller, np=np).check())
+    assert sorted(report["rank"] for report in done) == list(range(np))
+    for report in done:
         assert report["rounds"] == ROUNDS, report
         assert report["first_wrong"] is None, report

@@ -1,11 +1,11 @@
-"""Runs on every rank: many rounds of init, collectives and shutdown, as elastic resets do.
+"""Runs on every rank: rounds of init, collectives and shutdown, as Horovod's own tests do.
 
 ``python reinit.py ROUNDS [--slow-rendezvous-deletes MS]``. Each round calls
 ``hvt.init()`` with a process set of every rank but rank 0, runs allreduces, an
 alltoall, an allgather, a broadcast and an allreduce in the process set, checks each
 result against what this rank computes itself, then ``barrier()`` and ``shutdown()``.
-Prints one ``REPORT {json}`` line per rank: the rounds completed and the first wrong
-result (None when every result was right).
+Prints one ``REPORT {json}`` line per rank after the last round: the rounds run and the
+first wrong result (None when every result was right).
 
 ``--slow-rendezvous-deletes MS`` (Gloo only) puts a proxy in front of horovodrun's
 rendezvous server for rank 1 that holds each of its DELETE requests (a rank saying
@@ -116,14 +116,11 @@ def main() -> None:
     if "--slow-rendezvous-deletes" in sys.argv and launcher_rank() == 1:
         slow_down_rendezvous_deletes(
             float(sys.argv[sys.argv.index("--slow-rendezvous-deletes") + 1]) / 1000)
-    started, first_wrong, done = time.monotonic(), None, 0
+    started, first_wrong = time.monotonic(), None
     for round_index in range(rounds):
-        wrong = one_round(round_index)
-        first_wrong = first_wrong or wrong
-        done += 1
+        first_wrong = first_wrong or one_round(round_index)
     print("REPORT " + json.dumps({
-        "rank": launcher_rank(),
-        "rounds": done, "first_wrong": first_wrong,
+        "rank": launcher_rank(), "rounds": rounds, "first_wrong": first_wrong,
         "seconds_per_round": (time.monotonic() - started) / rounds}), flush=True)
 
 
