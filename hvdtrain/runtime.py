@@ -17,7 +17,6 @@ runs, and only the watchdog does. docs/failures.md has the timings.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 from collections.abc import Mapping
@@ -155,16 +154,30 @@ def init_horovod(horovod_module, comm=None, process_sets=None, *,
     On a Horovod without some of hvdtrain's patches, the defaults suit that build and
     each host's first worker says once what is missing (:mod:`hvdtrain.horovod_patches`).
     """
+    global _horovod_finalized_mpi
+    if _horovod_finalized_mpi and uses_mpi() and not horovod_module.is_initialized():
+        raise RuntimeError(MPI_REINIT_MESSAGE)
     apply_runtime_defaults(accelerator,
                            idle_wait=horovod_patches.has_patch(horovod_patches.IDLE_WAIT))
     watchdog.timeout_seconds()  # a malformed limit fails before any worker starts waiting
-    if horovod_module.mpi_built() and uses_mpi():
-        start_mpi_for_good()
+    mpi_started_before = mpi_started()
     horovod_module.init(comm=comm, process_sets=process_sets)
+    # Horovod finalizes at shutdown() an MPI it started itself (this init() started it).
+    _horovod_finalized_mpi = horovod_module.mpi_enabled() and not mpi_started_before
     announce_single_worker()
     horovod_patches.announce_missing(horovod_module.local_rank())
     report_failures_as_rank(horovod_module.rank())
     watchdog.start(horovod_module.rank(), horovod_module.size())
+
+
+MPI_REINIT_MESSAGE = (
+    "init() after shutdown() under MPI: Horovod started MPI in the first init() and "
+    "finalized it at shutdown(), and MPI cannot start twice in one process. Start MPI "
+    "yourself before the first init() (`from mpi4py import MPI`: Horovod then leaves it "
+    "running and mpi4py finalizes it at exit), or launch with `horovodrun --gloo`")
+# Set by init_horovod when Horovod started MPI itself, which its shutdown() finalizes
+# (then a later init() would die in MPI).
+_horovod_finalized_mpi = False
 
 
 def uses_mpi(environ: Mapping[str, str] = os.environ) -> bool:
@@ -174,17 +187,11 @@ def uses_mpi(environ: Mapping[str, str] = os.environ) -> bool:
             or environ.get("HOROVOD_CPU_OPERATIONS", "").lower() == "mpi")
 
 
-def start_mpi_for_good() -> None:
-    """Start MPI through mpi4py, before Horovod does, so ``init()`` works after ``shutdown()``.
-
-    Horovod finalizes an MPI it started itself at ``shutdown()``, and MPI cannot start
-    twice in one process: a second ``init()`` died in MPI ("MPI_Query_thread() function was
-    called after MPI_FINALIZE"). An MPI that mpi4py started is left running by Horovod and
-    finalized by mpi4py when the interpreter exits. Without mpi4py, Horovod starts MPI as
-    before.
-    """
-    with contextlib.suppress(ImportError):
-        from mpi4py import MPI  # noqa: F401  (importing it starts MPI)
+def mpi_started() -> bool:
+    """Whether MPI runs in this process already (started through mpi4py), without
+    starting it."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    return bool(mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized())
 
 
 def report_failures_as_rank(rank: int) -> None:

@@ -88,11 +88,23 @@ def test_init_works_again_after_shutdown_round_after_round(controller, np):
     (allreduces, an alltoall, an allgather, a broadcast, an allreduce in a process set of
     every rank but 0) and ``shutdown()``, as Horovod's own test suite and a user's restarts
     do. Under Gloo such rounds aborted now and then in init() (gloo::IoException) before
-    patch 0010 (tests/test_horovod_patches.py has the deterministic test); under MPI the
-    second init() died in MPI, which Horovod had finalized, until init() started MPI
-    through mpi4py (:func:`hvdtrain.runtime.start_mpi_for_good`)."""
+    patch 0010 (tests/test_horovod_patches.py has the deterministic test). Under MPI the
+    worker starts MPI through mpi4py first, as the docs say to (the next test is why)."""
     done = reports(launch("reinit.py", str(ROUNDS), controller=controller, np=np).check())
     assert sorted(report["rank"] for report in done) == list(range(np))
     for report in done:
         assert report["rounds"] == ROUNDS, report
         assert report["first_wrong"] is None, report
+
+
+def test_init_after_shutdown_under_an_mpi_horovod_started_is_refused_saying_how():
+    """Horovod finalizes at shutdown() an MPI it started itself, and MPI cannot start
+    twice: the next init() died inside MPI ("The MPI_Query_thread() function was called
+    after MPI_FINALIZE was invoked ... Your MPI job will now abort"). hvdtrain's init()
+    refuses it instead, saying how to start MPI so that it stays up."""
+    done = reports(launch("reinit.py", "1", "--mpi-started-by-horovod", controller="mpi")
+                   .check())
+    assert sorted(report["rank"] for report in done) == [0, 1]
+    for report in done:
+        assert report["first_wrong"] is None, report
+        assert report["refused"] == runtime.MPI_REINIT_MESSAGE

@@ -7,6 +7,11 @@ result against what this rank computes itself, then ``barrier()`` and ``shutdown
 Prints one ``REPORT {json}`` line per rank after the last round: the rounds run and the
 first wrong result (None when every result was right).
 
+Under MPI the worker starts MPI through mpi4py before the first round, as hvdtrain's
+docs tell (Horovod would finalize an MPI it started at the first shutdown()); with
+``--mpi-started-by-horovod`` it leaves that to Horovod, runs one round and reports, as
+``refused``, the error of the ``init()`` that follows.
+
 ``--slow-rendezvous-deletes MS`` (Gloo only) puts a proxy in front of horovodrun's
 rendezvous server for rank 1 that holds each of its DELETE requests (a rank saying
 it finished with a scope) for MS milliseconds, as a slow link or a busy host does. The
@@ -26,7 +31,7 @@ import time
 import torch
 
 import hvdtrain.adapters.torch as hvt
-from hvdtrain.runtime import launcher_rank, launcher_size
+from hvdtrain.runtime import launcher_rank, launcher_size, uses_mpi
 
 ELEMENTS = 11
 
@@ -116,6 +121,16 @@ def main() -> None:
     if "--slow-rendezvous-deletes" in sys.argv and launcher_rank() == 1:
         slow_down_rendezvous_deletes(
             float(sys.argv[sys.argv.index("--slow-rendezvous-deletes") + 1]) / 1000)
+    if "--mpi-started-by-horovod" in sys.argv:
+        wrong = one_round(0)
+        try:
+            hvt.init()
+        except RuntimeError as error:
+            print("REPORT " + json.dumps({"rank": launcher_rank(), "first_wrong": wrong,
+                                          "refused": str(error)}), flush=True)
+        return
+    if uses_mpi():
+        from mpi4py import MPI  # noqa: F401  (starts MPI, so Horovod leaves it running)
     started, first_wrong = time.monotonic(), None
     for round_index in range(rounds):
         first_wrong = first_wrong or one_round(round_index)
