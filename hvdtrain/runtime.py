@@ -155,15 +155,16 @@ def init_horovod(horovod_module, comm=None, process_sets=None, *,
     each host's first worker says once what is missing (:mod:`hvdtrain.horovod_patches`).
     """
     global _horovod_finalized_mpi
-    if _horovod_finalized_mpi and uses_mpi() and not horovod_module.is_initialized():
+    starts_horovod = not horovod_module.is_initialized()  # else Horovod's init() does nothing
+    if _horovod_finalized_mpi and starts_horovod and uses_mpi():
         raise RuntimeError(MPI_REINIT_MESSAGE)
     apply_runtime_defaults(accelerator,
                            idle_wait=horovod_patches.has_patch(horovod_patches.IDLE_WAIT))
     watchdog.timeout_seconds()  # a malformed limit fails before any worker starts waiting
     mpi_started_before = mpi_started()
     horovod_module.init(comm=comm, process_sets=process_sets)
-    # Horovod finalizes at shutdown() an MPI it started itself (this init() started it).
-    _horovod_finalized_mpi = horovod_module.mpi_enabled() and not mpi_started_before
+    if starts_horovod:  # Horovod finalizes at shutdown() an MPI it started itself
+        _horovod_finalized_mpi = horovod_module.mpi_enabled() and not mpi_started_before
     announce_single_worker()
     horovod_patches.announce_missing(horovod_module.local_rank())
     report_failures_as_rank(horovod_module.rank())
