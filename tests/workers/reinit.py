@@ -22,13 +22,13 @@ the next round the last round's addresses (patch 0010).
 
 import http.client
 import http.server
-import json
 import os
 import sys
 import threading
 import time
 
 import torch
+from scenarios import report
 
 import hvdtrain.adapters.torch as hvt
 from hvdtrain.runtime import launcher_rank, launcher_size, uses_mpi
@@ -126,17 +126,15 @@ def main() -> None:
         try:
             hvt.init()
         except RuntimeError as error:
-            print("REPORT " + json.dumps({"rank": launcher_rank(), "first_wrong": wrong,
-                                          "refused": str(error)}), flush=True)
+            report(launcher_rank(), "refused", first_wrong=wrong, refused=str(error))
         return
     if uses_mpi():
         from mpi4py import MPI  # noqa: F401  (starts MPI, so Horovod leaves it running)
     started, first_wrong = time.monotonic(), None
     for round_index in range(rounds):
         first_wrong = first_wrong or one_round(round_index)
-    print("REPORT " + json.dumps({
-        "rank": launcher_rank(), "rounds": rounds, "first_wrong": first_wrong,
-        "seconds_per_round": (time.monotonic() - started) / rounds}), flush=True)
+    report(launcher_rank(), "rounds", rounds=rounds, first_wrong=first_wrong,
+           seconds_per_round=(time.monotonic() - started) / rounds)
 
 
 if __name__ == "__main__":
