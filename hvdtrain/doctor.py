@@ -99,7 +99,10 @@ def check_versions(report: Report) -> None:
     if versions["Open MPI"] is None:
         report.problem("Open MPI (mpirun) is not on PATH", MPI_FIX)
     if versions["mpi4py"] is None:
-        report.problem("mpi4py is not installed", SETUP_FIX)
+        report.warning("mpi4py is not installed: the NumPy adapter (hvdtrain.adapters.numpy) "
+                       "needs it; torch and Keras do not",
+                       f"`{sys.executable} -m pip install mpi4py` (it builds against the MPI of "
+                       "`mpicc` on PATH)")
     if versions["torch"] is None and versions["TensorFlow"] is None:
         report.problem("neither torch nor TensorFlow is installed", SETUP_FIX)
 
@@ -129,10 +132,43 @@ def check_horovod_build(report: Report) -> list[str]:
     controllers = built(_CONTROLLERS)
     report.line(f"  controllers {', '.join(controllers) or 'none'}")
     report.line(f"  tensor ops  {', '.join(built(_TENSOR_OPERATIONS)) or 'none'}")
+    gpu = gpu_build_line(build_module.cuda_built(), build_module.nccl_built(), visible_gpus())
+    report.line(f"  GPU         {gpu}")
     for label in _CONTROLLERS.values():
         if label not in controllers:
             report.problem(f"Horovod was built without the {label} controller", SETUP_FIX)
     return working
+
+
+def visible_gpus() -> int:
+    """How many NVIDIA GPUs ``nvidia-smi -L`` lists here (0 without nvidia-smi)."""
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                                timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(line.startswith("GPU ") for line in listed.stdout.splitlines())
+
+
+def gpu_build_line(cuda: bool, nccl: bool, gpus: int) -> str:
+    """What the installed Horovod's GPU support is, and whether this machine can use it.
+
+    >>> gpu_build_line(cuda=True, nccl=True, gpus=0).split(";")[0]
+    'CUDA and NCCL built in'
+    >>> gpu_build_line(cuda=False, nccl=False, gpus=0)
+    'none: a CPU-only build'
+    """
+    if not cuda:
+        return "none: a CPU-only build" + (
+            f", although {gpus} GPU(s) are visible (rebuild with a CUDA build of torch: "
+            "scripts/build-horovod.sh --install)" if gpus else "")
+    built = "CUDA and NCCL" if nccl else "CUDA without NCCL (GPU tensors go through host memory)"
+    if gpus:
+        return f"{built} built in; {gpus} GPU(s) visible"
+    return (f"{built} built in; no GPU visible here, so they are untested on this machine "
+            "(scripts/gpu-check.sh tests them on a GPU machine; CPU training is unaffected)")
 
 
 def check_horovod_patches(report: Report) -> None:

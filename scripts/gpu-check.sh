@@ -8,8 +8,10 @@
 #                                      skips the GPU steps, each with its reason
 #
 # Needs no network: the Horovod source comes from .gpu-check/ (or HVDTRAIN_HOROVOD_SDIST),
-# the frameworks from the machine (PYTHON, default python3, with a CUDA build of torch;
-# NCCL from the system or the nvidia-nccl Python package). It builds Horovod twice, in
+# the frameworks from the machine (PYTHON, default python3, with a CUDA build of torch).
+# nvcc, the CUDA runtime and NCCL are found as scripts/build-horovod.sh finds them (the
+# nvidia-* wheels of a pip torch, a toolkit, CUDA_HOME; the path tests/test_cuda_build.py
+# proves on a machine without a GPU). It builds Horovod twice, in
 # parallel: with NCCL, and without GPU operations (CUDA tensors staged through host
 # memory for Gloo), since NCCL refuses two ranks on one GPU. Where the GPU steps skip,
 # the correctness checks are rehearsed on the CPU with the installed Horovod. Work
@@ -50,11 +52,11 @@ missing() {
         || { echo "no NVIDIA GPU visible (nvidia-smi)"; return; }
     "$PYTHON" -c 'import torch; assert torch.cuda.is_available()' >/dev/null 2>&1 \
         || { echo "$PYTHON has no CUDA build of torch that sees the GPU"; return; }
-    command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] \
-        || { echo "no nvcc (CUDA toolkit) on PATH or in /usr/local/cuda"; return; }
     command -v cmake >/dev/null 2>&1 || { echo "no cmake"; return; }
-    HVDTRAIN_NCCL=1 PYTHON="$PYTHON" bash "$REPO_ROOT/scripts/build-horovod.sh" --print-flags \
-        >/dev/null 2>&1 || { echo "no nccl.h (set HOROVOD_NCCL_HOME)"; return; }
+    # nvcc, the CUDA runtime and NCCL: where scripts/build-horovod.sh finds them, or its reason.
+    local flags
+    flags="$(HVDTRAIN_NCCL=1 PYTHON="$PYTHON" bash "$REPO_ROOT/scripts/build-horovod.sh" --print-flags 2>&1)" \
+        || { echo "no CUDA/NCCL build: $(tail -n 1 <<<"$flags" | sed 's/^build-horovod: //')"; return; }
     [ -n "$(sdist)" ] || { echo "no Horovod source: run scripts/gpu-check.sh --fetch where there is network, or set HVDTRAIN_HOROVOD_SDIST"; return; }
 }
 

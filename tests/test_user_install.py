@@ -59,7 +59,7 @@ print("PATCHES", *sorted(horovod_patches.installed()))'
 """
 
 
-def _as_user() -> list[str]:
+def as_user() -> list[str]:
     """The command prefix that runs as an ordinary user (created when missing)."""
     if os.geteuid() != 0:
         return []
@@ -82,15 +82,21 @@ def _patched_wheel() -> Path:
     return wheel
 
 
-def _prepare(work: Path, wheel: Path) -> None:
-    """The checkout's files, the frameworks folder and the wheel cache, in ``work``."""
+def copy_checkout(destination: Path) -> None:
+    """The checkout's files (tracked, and untracked ones git does not ignore) into
+    ``destination``, as a user's clone has them."""
     listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
                             cwd=REPO, capture_output=True, text=True, check=True).stdout
     for name in listed.splitlines():
         source = REPO / name
         if source.is_file():
-            (work / "hvdtrain" / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, work / "hvdtrain" / name)
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination / name)
+
+
+def _prepare(work: Path, wheel: Path) -> None:
+    """The checkout's files, the frameworks folder and the wheel cache, in ``work``."""
+    copy_checkout(work / "hvdtrain")
     frameworks = work / "frameworks"
     frameworks.mkdir()
     for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
@@ -105,7 +111,7 @@ def _prepare(work: Path, wheel: Path) -> None:
 @pytest.mark.timeout(900)
 def test_a_user_without_root_installs_into_a_fresh_venv_and_trains(tmp_path):
     wheel = _patched_wheel()
-    prefix = _as_user()
+    prefix = as_user()
     work = Path(tempfile.mkdtemp(prefix="hvdtrain-user-install-"))
     try:
         _prepare(work, wheel)
