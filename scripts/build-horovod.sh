@@ -244,7 +244,9 @@ want_nccl() {
 
 # The build's CUDA and NCCL settings (build_flags), one NAME=value per line: Horovod's
 # own, and HVDTRAIN_NVCC, HVDTRAIN_CUDA_INCLUDE and HVDTRAIN_CUDART, which build() turns
-# into a toolkit folder for Horovod's CMake.
+# into a toolkit folder for Horovod's CMake. Where CUDA was not asked for by name
+# (HVDTRAIN_CUDA or HVDTRAIN_NCCL set to 1) but a part is missing, the build is for the
+# CPU only and HVDTRAIN_CPU_ONLY says why; asked for by name, it fails saying the same.
 cuda_flags() {  # cuda_flags FRAMEWORKS
     local torch_cuda
     torch_cuda="$(found_version torch_cuda)"
@@ -261,16 +263,23 @@ cuda_flags() {  # cuda_flags FRAMEWORKS
     esac
     local runtime include cudart version major
     runtime="$(cuda_runtime)"
-    [ -n "$runtime" ] || die "a CUDA build needs the CUDA runtime's headers and library, found in none of: $(cuda_roots | paste -sd' ' -). Install torch's: \`$PYTHON -m pip install nvidia-cuda-runtime==$torch_cuda.*\` (CUDA 12: nvidia-cuda-runtime-cu12), or set HVDTRAIN_CUDA_HOME to a CUDA toolkit; HVDTRAIN_CUDA=0 builds for the CPU only"
+    if [ -z "$runtime" ]; then
+        cuda_unavailable "no CUDA runtime headers and library were found (looked in: $(cuda_roots | paste -sd' ' -)): install torch's, \`$PYTHON -m pip install 'nvidia-cuda-runtime==$torch_cuda.*'\` (CUDA 12: nvidia-cuda-runtime-cu12), or set HVDTRAIN_CUDA_HOME to a CUDA toolkit"
+        return 0
+    fi
     include="$(cut -f1 <<<"$runtime")"
     cudart="$(cut -f2 <<<"$runtime")"
     version="$(cudart_version "$include")"
     major="${version%%.*}"
     if [ -n "$torch_cuda" ] && [ "$major" != "${torch_cuda%%.*}" ]; then
-        die "torch $(found_version torch) is built with CUDA $torch_cuda, but the CUDA runtime found in $include is $version: install torch's (\`$PYTHON -m pip install nvidia-cuda-runtime==$torch_cuda.*\`) or set HVDTRAIN_CUDA_HOME to a CUDA ${torch_cuda%%.*} toolkit; HVDTRAIN_CUDA=0 builds for the CPU only"
+        cuda_unavailable "torch $(found_version torch) is built with CUDA $torch_cuda, but the CUDA runtime found in $include is $version: install torch's, \`$PYTHON -m pip install 'nvidia-cuda-runtime==$torch_cuda.*'\`, or set HVDTRAIN_CUDA_HOME to a CUDA ${torch_cuda%%.*} toolkit"
+        return 0
     fi
     find_nvcc "$major"
-    [ -n "$NVCC" ] || die "a CUDA build compiles Horovod's kernels with nvcc, and no nvcc for CUDA $major was found (seen: ${NVCC_SEEN:-none}). Put one into this environment without root: \`$PYTHON -m pip install 'nvidia-cuda-nvcc==$version.*'\` (CUDA 12: nvidia-cuda-nvcc-cu12), or load your cluster's CUDA module; HVDTRAIN_CUDA=0 builds for the CPU only"
+    if [ -z "$NVCC" ]; then
+        cuda_unavailable "no nvcc for CUDA $major was found (seen: ${NVCC_SEEN:-none}), and Horovod's CUDA kernels need it: put one into this environment without root, \`$PYTHON -m pip install 'nvidia-cuda-nvcc==$version.*'\` (CUDA 12: nvidia-cuda-nvcc-cu12), or load your cluster's CUDA module"
+        return 0
+    fi
     echo "HVDTRAIN_NVCC=$NVCC"
     echo "HVDTRAIN_CUDA_INCLUDE=$include"
     echo "HVDTRAIN_CUDART=$cudart"
@@ -285,6 +294,14 @@ cuda_flags() {  # cuda_flags FRAMEWORKS
     fi
 }
 
+cuda_unavailable() {  # cuda_unavailable WHY: fail if CUDA was asked for by name, else CPU only
+    if [ "${HVDTRAIN_CUDA:-}" = 1 ] || [ "${HVDTRAIN_NCCL:-}" = 1 ]; then
+        die "a CUDA build was asked for, but $1; HVDTRAIN_CUDA=0 builds for the CPU only"
+    fi
+    [ -n "$(found_version torch_cuda)" ] && echo "HVDTRAIN_CUDA=0"
+    echo "HVDTRAIN_CPU_ONLY=$1"
+}
+
 # One line: what build_flags builds (CPU only, CUDA, CUDA with NCCL) and why.
 build_summary() {
     local flags torch_cuda torch_name
@@ -293,7 +310,9 @@ build_summary() {
     torch_name="torch $(found_version torch)"
     flag() { sed -n "s/^$1=//p" <<<"$flags"; }
     if [ -z "$(flag HVDTRAIN_NVCC)" ]; then
-        if [ -n "$torch_cuda" ]; then
+        if [ -n "$(flag HVDTRAIN_CPU_ONLY)" ]; then
+            echo "for the CPU only, although $torch_name is a CUDA build: $(flag HVDTRAIN_CPU_ONLY); then run this again for CUDA and NCCL"
+        elif [ -n "$torch_cuda" ]; then
             echo "for the CPU only, as HVDTRAIN_CUDA=0 asks ($torch_name is a CUDA build; unset HVDTRAIN_CUDA for CUDA and NCCL)"
         elif importable torch; then
             echo "for the CPU only: $torch_name is not a CUDA build"
@@ -527,9 +546,10 @@ build() {
 
     # HVDTRAIN_RPATH (below): where Horovod's libraries look for the CUDA runtime and NCCL.
     sed -i '1a list(APPEND CMAKE_BUILD_RPATH $ENV{HVDTRAIN_RPATH})' "$src/CMakeLists.txt"
-    # HVDTRAIN_CUDA=0 (build_flags): no CUDA for a CUDA build of torch either.
-    sed -i 's/elseif (Pytorch_CUDA AND NOT HAVE_CUDA)/elseif (Pytorch_CUDA AND NOT HAVE_CUDA AND NOT "$ENV{HVDTRAIN_CUDA}" STREQUAL "0")/' \
-        "$src/horovod/torch/CMakeLists.txt"
+    # HVDTRAIN_CUDA=0 (build_flags): a CUDA build of torch is taken as a CPU one (Horovod
+    # would otherwise add CUDA for it, and link torch's CUDA libraries and the runtime).
+    sed -i '/string(TOUPPER "${Pytorch_CUDA}" Pytorch_CUDA)/a if("$ENV{HVDTRAIN_CUDA}" STREQUAL "0")\n    set(Pytorch_CUDA FALSE)\nendif()' \
+        "$src/cmake/Modules/FindPytorch.cmake"
 
     # PyTorch >= 2.1 headers need C++17 but Horovod's torch target asks for C++14;
     # the last -std flag on a compiler command line wins, so a wrapper appends it.

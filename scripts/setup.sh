@@ -19,10 +19,10 @@
 #
 # Environment:
 #   HVDTRAIN_CACHE   where the built Horovod wheel is kept (default ~/.cache/hvdtrain)
-#   HVDTRAIN_NCCL    1 builds Horovod with HOROVOD_GPU_OPERATIONS=NCCL, 0 never;
-#                    unset means "when nvidia-smi sees a GPU and nccl.h is found"
-#                    (scripts/build-horovod.sh). A NCCL build also needs a CUDA build
-#                    of torch (not the pinned CPU one).
+#   HVDTRAIN_CUDA, HVDTRAIN_NCCL  passed to scripts/build-horovod.sh, which builds
+#                    Horovod with CUDA and NCCL for a CUDA build of torch only: the
+#                    pinned torch here is the CPU build, so its Horovod is CPU-only
+#                    (docs/setup.md, "GPUs and NCCL").
 #   PYTHON           the interpreter to build the venv from (default python3.11)
 set -euo pipefail
 

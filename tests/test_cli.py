@@ -86,6 +86,7 @@ def test_doctor_is_green_on_this_machine():
             assert (controller, framework, "ok") in smoke, (controller, framework)
     for patch in horovod_patches.PATCHES:  # setup.sh installs the patched build
         assert f"  present  {patch.name}" in lines, patch.name
+    assert "  GPU         none: a CPU-only build" in lines  # the pinned torch is the CPU one
     assert "warning" not in lines[-1]
 
 

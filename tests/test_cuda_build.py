@@ -39,6 +39,9 @@ EPOCHS = "2"
 TORCH = next(line.split("==")[1] for line in (REPO / "constraints.txt").read_text().splitlines()
              if line.startswith("torch=="))
 BUILD = REPO / "scripts" / "build-horovod.sh"
+# What points pip at this machine's own wheels (the CPU build of torch among them).
+LOCAL_PIP = ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "PIP_INDEX_URL", "PIP_NO_INDEX",
+             "PIP_CONSTRAINT")
 
 VENV = """
 set -euo pipefail
@@ -67,6 +70,8 @@ horovod="$("$PYTHON" -c 'import horovod, os; print(os.path.dirname(horovod.__fil
 ldd "$horovod"/torch/mpi_lib*.so | grep -E 'libnccl|libcudart' || true
 echo "STEP hvdtrain doctor"
 "$WORK/env/bin/hvdtrain" doctor
+echo "STEP pip install scikit-learn (the example's digits)"
+"$PYTHON" -m pip install --quiet --disable-pip-version-check scikit-learn
 echo "STEP train"
 "$WORK/env/bin/horovodrun" -np 2 --gloo "$PYTHON" examples/torch_train.py \\
     --epochs "$EPOCHS" --checkpoint "$WORK/run.pt"
@@ -79,7 +84,7 @@ def _user_env(work: Path, **extra: str) -> dict[str, str]:
     reads PyPI alone (no local wheel folder or config, which would serve the CPU build of
     torch), and the wheel cache is cold on request."""
     env = {name: value for name, value in os.environ.items()
-           if not name.startswith(("PIP_", "HVDTRAIN_", "VIRTUAL_ENV"))}
+           if name not in LOCAL_PIP and not name.startswith(("HVDTRAIN_", "VIRTUAL_ENV"))}
     env.update(WORK=str(work), TORCH=TORCH, EPOCHS=EPOCHS, PIP_CONFIG_FILE=os.devnull, **extra)
     if os.environ.get("HVDTRAIN_TEST_COLD_CACHE") == "1":
         env["HVDTRAIN_CACHE"] = str(work / "cache")
@@ -157,20 +162,25 @@ def test_the_build_finds_cuda_and_nccl_in_the_venv_and_says_what_it_lacks(cuda_v
     assert _flag(staged.stdout, "HVDTRAIN_NVCC")
     assert _flag(staged.stdout, "HOROVOD_GPU_OPERATIONS") is None
 
-    # A toolkit folder with the runtime but no nvcc: the error says how to get one.
+    # A toolkit folder with the runtime but no nvcc: for the CPU only, saying how to get
+    # nvcc; asked for CUDA by name, an error saying the same.
     runtime_only = cuda_venv / "runtime-only"
     runtime_only.mkdir()
     for part in ("include", "lib"):
         (runtime_only / part).symlink_to(site / "nvidia" / "cu13" / part)
-    no_nvcc = _flags(cuda_venv, HVDTRAIN_CUDA_HOME=str(runtime_only))
+    fallback = _flags(cuda_venv, HVDTRAIN_CUDA_HOME=str(runtime_only))
+    assert fallback.returncode == 0, fallback.stderr
+    assert _flag(fallback.stdout, "HVDTRAIN_CUDA") == "0"
+    why = _flag(fallback.stdout, "HVDTRAIN_CPU_ONLY")
+    assert "no nvcc for CUDA 13 was found" in why
+    assert "pip install 'nvidia-cuda-nvcc==13.0.*'" in why
+    no_nvcc = _flags(cuda_venv, HVDTRAIN_CUDA_HOME=str(runtime_only), HVDTRAIN_CUDA="1")
     assert no_nvcc.returncode != 0
-    assert "no nvcc for CUDA 13 was found" in no_nvcc.stderr
-    assert "pip install 'nvidia-cuda-nvcc==13.0.*'" in no_nvcc.stderr
-    assert "HVDTRAIN_CUDA=0" in no_nvcc.stderr
+    assert f"a CUDA build was asked for, but {why}; HVDTRAIN_CUDA=0" in no_nvcc.stderr
 
-    nowhere = _flags(cuda_venv, HVDTRAIN_CUDA_HOME=str(cuda_venv / "nowhere"))
+    nowhere = _flags(cuda_venv, HVDTRAIN_CUDA_HOME=str(cuda_venv / "nowhere"), HVDTRAIN_NCCL="1")
     assert nowhere.returncode != 0
-    assert "needs the CUDA runtime's headers and library" in nowhere.stderr
+    assert "no CUDA runtime headers and library were found" in nowhere.stderr
 
     wrong = _flags(cuda_venv, HVDTRAIN_CUDA="yes")
     assert wrong.returncode != 0 and "HVDTRAIN_CUDA=yes: use 1" in wrong.stderr
