@@ -9,6 +9,11 @@ import sys
 import pytest
 from harness import WORKERS
 
+# Every adapter's LinearScalingWarmup takes the same settings (hvdtrain.warmup).
+UNKNOWN_WARMUP_ARGUMENT = ("TypeError: LinearScalingWarmup got an unknown argument warmup_epoch; "
+                           "it takes ")
+NO_STEPS_PER_EPOCH = "TypeError: LinearScalingWarmup needs steps_per_epoch=, the optimizer steps"
+
 EXPECTED = {
     "torch": {
         "optimizer not an optimizer": "TypeError: optimizer must be a torch.optim.Optimizer, e.g.",
@@ -33,6 +38,11 @@ EXPECTED = {
         "warmup lr 0": "every param group's learning rate is 0",
         "warmup gamma 0": "gamma must be a finite number > 0, got 0",
         "warmup milestones descending": "milestones must be strictly ascending, got (30, 10)",
+        "warmup unknown argument": UNKNOWN_WARMUP_ARGUMENT,
+        "warmup without steps_per_epoch": NO_STEPS_PER_EPOCH,
+        "warmup passes not the optimizer's": "the optimizer accumulates 1 backward passes per "
+                                             "step but LinearScalingWarmup got "
+                                             "backward_passes_per_step=2",
         "broadcast_state not a model": "TypeError: model must be a torch.nn.Module, got str",
         "broadcast_state root out of range": "root_rank must be an int in [0, 1) for 1 workers",
         "verify_replicas not a model": "TypeError: model must be a torch.nn.Module, got str",
@@ -48,12 +58,15 @@ EXPECTED = {
         "warmup batch 0": "batch_size_per_worker must be an int > 0, got 0",
         "warmup base_lr negative": "base_lr must be a finite number > 0, got -1.0",
         "warmup negative epochs": "warmup_epochs must be a finite number >= 0",
+        "warmup unknown argument": UNKNOWN_WARMUP_ARGUMENT,
         "replica check every 0 epochs": "every_n_epochs must be an int > 0, got 0",
         "verify_replicas not a model": "TypeError: model must be a keras.Model, got str",
         "load_model missing file": "File not found: filepath=missing.keras",
         "tape not a tape": "TypeError: tape must be a tf.GradientTape, got str",
         "tf broadcast root out of range": "root_rank must be an int in [0, 1) for 1 workers",
         "tf warmup world size contradicts": "world_size=4 contradicts the launcher's 1 workers",
+        "tf warmup unknown argument": UNKNOWN_WARMUP_ARGUMENT,
+        "tf warmup without steps_per_epoch": NO_STEPS_PER_EPOCH,
     },
     "numpy": {
         "sgd lr 0": "lr must be > 0, got 0",
@@ -63,6 +76,8 @@ EXPECTED = {
         "warmup not an optimizer": "TypeError: optimizer must be an hvn.DistributedSGD, got str",
         "warmup batch 0": "batch_size_per_worker must be an int > 0, got 0",
         "warmup world size contradicts": "world_size=4 contradicts the launcher's 1 workers",
+        "warmup unknown argument": UNKNOWN_WARMUP_ARGUMENT,
+        "warmup without steps_per_epoch": NO_STEPS_PER_EPOCH,
         "broadcast root out of range": "root_rank must be an int in [0, 1) for 1 workers",
         "allreduce_mean objects": "allreduce_mean needs a numeric array, got dtype=object",
         "broadcast_in_place not arrays": "broadcast_in_place needs writeable NumPy arrays",

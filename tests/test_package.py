@@ -8,7 +8,16 @@ import textwrap
 
 import pytest
 
-from hvdtrain import collective, elastic, horovod_patches, runtime, schedule, slurm
+from hvdtrain import (
+    collective,
+    doctor,
+    elastic,
+    horovod_patches,
+    runtime,
+    schedule,
+    slurm,
+    warmup,
+)
 
 
 def test_core_modules_import_without_any_framework():
@@ -51,8 +60,8 @@ def test_the_torch_adapter_says_what_is_missing_before_init():
     assert "call hvt.init() first" in done.stdout, done.stderr
 
 
-@pytest.mark.parametrize("module", [schedule, elastic, slurm, horovod_patches, runtime,
-                                    collective])
+@pytest.mark.parametrize("module", [schedule, warmup, elastic, slurm, horovod_patches, runtime,
+                                    collective, doctor])
 def test_the_examples_in_the_core_docstrings_hold(module):
     results = doctest.testmod(module)
     assert results.attempted > 0 and results.failed == 0

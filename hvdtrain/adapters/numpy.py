@@ -25,33 +25,27 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import numpy as np
 
 from hvdtrain import runtime, watchdog
 from hvdtrain.collective import require_initialized
-from hvdtrain.consistency import check_ranks_agree, software_versions
+from hvdtrain.consistency import RankDisagreementError, check_ranks_agree, software_versions
 from hvdtrain.nonfinite import PLAIN_REMEDY, NonFiniteGradientError, nonfinite_gradient_message
 from hvdtrain.replicas import ReplicaMismatchError, checksums, verify_checksums
 from hvdtrain.runtime import announce_single_worker, launcher_size
-from hvdtrain.schedule import (
-    DEFAULT_BASE_BATCH_SIZE,
-    DEFAULT_GAMMA,
-    DEFAULT_WARMUP_EPOCHS,
-    LinearScalingSchedule,
-)
-from hvdtrain.validation import require_instance, require_root_rank, require_same_world_size
+from hvdtrain.validation import require_instance, require_root_rank
+from hvdtrain.warmup import WarmupArguments, WarmupSettings, check_warmup_agreement
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
 __all__ = [
-    "DistributedSGD", "LinearScalingWarmup", "NonFiniteGradientError", "ReplicaMismatchError",
-    "allreduce_mean", "broadcast", "broadcast_in_place", "init", "rank", "size",
-    "verify_replicas",
+    "DistributedSGD", "LinearScalingWarmup", "NonFiniteGradientError", "RankDisagreementError",
+    "ReplicaMismatchError", "allreduce_mean", "broadcast", "broadcast_in_place", "init", "rank",
+    "size", "verify_replicas",
 ]
 
 _communicator: MPI.Comm | None = None
@@ -269,32 +263,15 @@ class LinearScalingWarmup:
     the scheduler is made. ``state_dict``/``load_state_dict`` resume exactly.
     """
 
-    def __init__(
-        self,
-        optimizer: DistributedSGD,
-        *,
-        batch_size_per_worker: int,
-        steps_per_epoch: int,
-        base_batch_size: int = DEFAULT_BASE_BATCH_SIZE,
-        warmup_epochs: float = DEFAULT_WARMUP_EPOCHS,
-        milestones: Iterable[int] = (),
-        gamma: float = DEFAULT_GAMMA,
-        backward_passes_per_step: int = 1,
-        world_size: int | None = None,
-    ) -> None:
+    def __init__(self, optimizer: DistributedSGD, **settings: Unpack[WarmupArguments]) -> None:
+        """Args: the optimizer (its ``lr`` is η), and the settings of
+        :class:`hvdtrain.warmup.WarmupSettings` (``steps_per_epoch`` required)."""
         require_instance("optimizer", optimizer, DistributedSGD, "an hvn.DistributedSGD")
-        if world_size is not None:
-            require_same_world_size(world_size, size(), "hvn.size()")
+        warmup = WarmupSettings.of(**settings)
         self.optimizer = optimizer
-        self.schedule = LinearScalingSchedule(
-            base_lr=optimizer.lr, batch_size_per_worker=batch_size_per_worker,
-            world_size=size(),
-            steps_per_epoch=steps_per_epoch, base_batch_size=base_batch_size,
-            warmup_epochs=warmup_epochs, milestones=tuple(milestones), gamma=gamma,
-            backward_passes_per_step=backward_passes_per_step,
-        )
-        check_ranks_agree(_COLLECTIVE, dataclasses.asdict(self.schedule), "LinearScalingWarmup",
-                          name="LinearScalingWarmup's settings")
+        self.schedule = warmup.schedule(optimizer.lr, warmup.workers(_COLLECTIVE),
+                                        steps_per_epoch=warmup.require_steps_per_epoch())
+        check_warmup_agreement(_COLLECTIVE, self.schedule)
         self.steps_taken = 0
         optimizer.lr = self.schedule.lr_at(0)
 

@@ -34,7 +34,7 @@ Example (``horovodrun -np 2 python train.py``)::
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import keras
 import numpy as np
@@ -79,18 +79,9 @@ from hvdtrain.adapters.keras.optimizer import accumulate_across_workers
 from hvdtrain.collective import require_initialized
 from hvdtrain.nonfinite import TAPE_REMEDY
 from hvdtrain.replicas import ReplicaMismatchError
-from hvdtrain.schedule import (
-    DEFAULT_BASE_BATCH_SIZE,
-    DEFAULT_GAMMA,
-    DEFAULT_WARMUP_EPOCHS,
-    LinearScalingSchedule,
-)
-from hvdtrain.validation import (
-    require_compression,
-    require_instance,
-    require_positive_int,
-    require_same_world_size,
-)
+from hvdtrain.runtime import elastic_job
+from hvdtrain.validation import require_compression, require_instance, require_positive_int
+from hvdtrain.warmup import WarmupArguments, WarmupSettings, check_warmup_agreement
 
 __all__ = [
     "Adasum", "Average", "Compression", "DistributedGradientTape", "LinearScalingWarmup",
@@ -221,31 +212,31 @@ class LinearScalingWarmup(keras.optimizers.schedules.LearningRateSchedule):
     in ``fit`` for that.
     """
 
-    def __init__(
-        self,
-        base_lr: float,
-        *,
-        batch_size_per_worker: int,
-        steps_per_epoch: int,
-        base_batch_size: int = DEFAULT_BASE_BATCH_SIZE,
-        warmup_epochs: float = DEFAULT_WARMUP_EPOCHS,
-        milestones: Iterable[int] = (),
-        gamma: float = DEFAULT_GAMMA,
-        backward_passes_per_step: int = 1,
-        world_size: int | None = None,
-    ) -> None:
-        if world_size is None:
-            require_initialized(backend.collective(),
-                                "LinearScalingWarmup (world_size=None means size())")
-            world_size = size()
-        elif backend.horovod().is_initialized():  # not when deserialised for evaluation
-            require_same_world_size(world_size, size(), "hvtf.size()")
-        self.schedule = LinearScalingSchedule(
-            base_lr=base_lr, batch_size_per_worker=batch_size_per_worker, world_size=world_size,
-            steps_per_epoch=steps_per_epoch, base_batch_size=base_batch_size,
-            warmup_epochs=warmup_epochs, milestones=tuple(milestones), gamma=gamma,
-            backward_passes_per_step=backward_passes_per_step,
-        )
+    def __init__(self, base_lr: float, **settings: Unpack[WarmupArguments]) -> None:
+        """Args: η, and the settings of :class:`hvdtrain.warmup.WarmupSettings`
+        (``steps_per_epoch`` required). Every rank must make it with the same ones."""
+        self._configure(base_lr, settings, training=True)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> LinearScalingWarmup:
+        """The schedule a saved model holds; the ranks are not asked to agree, as one rank
+        may load a model alone."""
+        schedule = cls.__new__(cls)
+        arguments = dict(config)
+        schedule._configure(arguments.pop("base_lr"), arguments, training=False)
+        return schedule
+
+    def _configure(self, base_lr: float, settings: dict[str, Any], training: bool) -> None:
+        warmup = WarmupSettings.of(**settings)
+        connected = backend.horovod().is_initialized()
+        if connected or training:
+            world_size = warmup.workers(backend.collective())
+        else:  # loaded for evaluation, without workers
+            world_size = warmup.world_size
+        self.schedule = warmup.schedule(base_lr, world_size,
+                                        steps_per_epoch=warmup.require_steps_per_epoch())
+        if training and connected and not elastic_job():
+            check_warmup_agreement(backend.collective(), self.schedule)
 
     def __call__(self, step: Any) -> tf.Tensor:
         def lr_at(value: np.ndarray) -> np.ndarray:

@@ -58,6 +58,10 @@ def torch_cases():
         "warmup lr 0": lambda: warmup(hvt.DistributedOptimizer(sgd(0.0), model.named_parameters())),
         "warmup gamma 0": lambda: warmup(gamma=0),
         "warmup milestones descending": lambda: warmup(milestones=(30, 10)),
+        "warmup unknown argument": lambda: warmup(warmup_epoch=5),
+        "warmup without steps_per_epoch": lambda: hvt.LinearScalingWarmup(
+            wrapped(), batch_size_per_worker=32),
+        "warmup passes not the optimizer's": lambda: warmup(backward_passes_per_step=2),
         "broadcast_state not a model": lambda: hvt.broadcast_state("model"),
         "broadcast_state root out of range": lambda: hvt.broadcast_state(model, root_rank=5),
         "verify_replicas not a model": lambda: hvt.verify_replicas("model"),
@@ -88,6 +92,8 @@ def keras_cases():
                                                                     base_lr=-1.0),
         "warmup negative epochs": lambda: hvk.LinearScalingWarmup(batch_size_per_worker=2,
                                                                    warmup_epochs=-1),
+        "warmup unknown argument": lambda: hvk.LinearScalingWarmup(batch_size_per_worker=2,
+                                                                    warmup_epoch=5),
         "replica check every 0 epochs": lambda: hvk.ReplicaCheck(every_n_epochs=0),
         "verify_replicas not a model": lambda: hvk.verify_replicas("model"),
         "load_model missing file": lambda: hvk.load_model("missing.keras"),
@@ -96,6 +102,10 @@ def keras_cases():
             [tf.Variable(1.0)], root_rank=3),
         "tf warmup world size contradicts": lambda: hvtf.LinearScalingWarmup(
             base_lr=0.1, batch_size_per_worker=2, steps_per_epoch=5, world_size=4),
+        "tf warmup unknown argument": lambda: hvtf.LinearScalingWarmup(
+            0.1, batch_size_per_worker=2, steps_per_epoch=5, warmup_epoch=5),
+        "tf warmup without steps_per_epoch": lambda: hvtf.LinearScalingWarmup(
+            0.1, batch_size_per_worker=2),
     }
 
 
@@ -120,6 +130,9 @@ def numpy_cases():
             "sgd", batch_size_per_worker=2, steps_per_epoch=3),
         "warmup batch 0": lambda: warmup(batch_size_per_worker=0),
         "warmup world size contradicts": lambda: warmup(world_size=4),
+        "warmup unknown argument": lambda: warmup(warmup_epoch=5),
+        "warmup without steps_per_epoch": lambda: hvn.LinearScalingWarmup(
+            hvn.DistributedSGD(weights, lr=0.1), batch_size_per_worker=2),
         "broadcast root out of range": lambda: hvn.broadcast(np.zeros(2), root_rank=3),
         "allreduce_mean objects": lambda: hvn.allreduce_mean(np.array([object()])),
         "broadcast_in_place not arrays": lambda: hvn.broadcast_in_place([1]),

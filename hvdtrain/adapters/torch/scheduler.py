@@ -4,24 +4,15 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
-from typing import Any
+from typing import Any, Unpack
 
 import horovod.torch as _hvd
 import torch
 
 from hvdtrain.adapters.torch._horovod import COLLECTIVE
-from hvdtrain.collective import require_initialized
-from hvdtrain.consistency import check_ranks_agree
 from hvdtrain.runtime import elastic_job
-from hvdtrain.schedule import (
-    DEFAULT_BASE_BATCH_SIZE,
-    DEFAULT_GAMMA,
-    DEFAULT_WARMUP_EPOCHS,
-    LinearScalingSchedule,
-    WarmupProgress,
-)
-from hvdtrain.validation import require_same_world_size
+from hvdtrain.schedule import LinearScalingSchedule, WarmupProgress
+from hvdtrain.warmup import WarmupArguments, WarmupSettings, check_warmup_agreement
 
 __all__ = ["LinearScalingWarmup"]
 
@@ -58,42 +49,16 @@ class LinearScalingWarmup(torch.optim.lr_scheduler.LRScheduler):
         scheduler.step()
     """
 
-    def __init__(
-        self,
-        optimizer: torch.optim.Optimizer,
-        *,
-        batch_size_per_worker: int,
-        steps_per_epoch: int,
-        base_batch_size: int = DEFAULT_BASE_BATCH_SIZE,
-        warmup_epochs: float = DEFAULT_WARMUP_EPOCHS,
-        milestones: Iterable[int] = (),
-        gamma: float = DEFAULT_GAMMA,
-        backward_passes_per_step: int = 1,
-        world_size: int | None = None,
-    ) -> None:
-        accumulating = getattr(optimizer, "backward_passes_per_step", 1)
-        if accumulating != backward_passes_per_step:
-            raise ValueError(
-                f"the optimizer accumulates {accumulating} backward passes per step but "
-                f"LinearScalingWarmup got backward_passes_per_step={backward_passes_per_step}; "
-                f"pass backward_passes_per_step={accumulating} so k counts the whole global batch"
-            )
-        if world_size is None:
-            require_initialized(COLLECTIVE,
-                                "LinearScalingWarmup (world_size=None means Horovod's size)")
-            world_size = _hvd.size()
-        elif _hvd.is_initialized():
-            require_same_world_size(world_size, _hvd.size(), "hvt.size()")
-        self._schedule_arguments = dict(
-            batch_size_per_worker=batch_size_per_worker,
-            steps_per_epoch=steps_per_epoch, base_batch_size=base_batch_size,
-            warmup_epochs=warmup_epochs, milestones=tuple(milestones), gamma=gamma,
-            backward_passes_per_step=backward_passes_per_step,
-        )
-        # η is per param group (lr_at's base_lr); 1.0 stands in for it in the schedule,
-        # which also validates the arguments now rather than at step 0.
-        self.progress = WarmupProgress.begin(
-            LinearScalingSchedule(base_lr=1.0, world_size=world_size, **self._schedule_arguments))
+    def __init__(self, optimizer: torch.optim.Optimizer,
+                 **settings: Unpack[WarmupArguments]) -> None:
+        """Args: the optimizer (each param group's rate is its η), and the settings of
+        :class:`hvdtrain.warmup.WarmupSettings` (``steps_per_epoch`` required)."""
+        self.settings = WarmupSettings.of(**settings)
+        passes = self.settings.passes(getattr(optimizer, "backward_passes_per_step", 1))
+        # η is per param group (lr_at's base_lr); 1.0 stands in for it in the schedule.
+        self.progress = WarmupProgress.begin(self.settings.schedule(
+            base_lr=1.0, world_size=self.settings.workers(COLLECTIVE),
+            steps_per_epoch=self.settings.require_steps_per_epoch(), passes=passes))
         rates = [group.get("initial_lr", group["lr"]) for group in optimizer.param_groups]
         if not any(float(rate) > 0 for rate in rates):
             raise ValueError(
@@ -102,8 +67,7 @@ class LinearScalingWarmup(torch.optim.lr_scheduler.LRScheduler):
         # In an elastic job a worker that joins builds this while the others train; the
         # elastic state's sync gives it rank 0's progress instead.
         if _hvd.is_initialized() and not elastic_job():
-            check_ranks_agree(COLLECTIVE, self._schedule_arguments,
-                              "LinearScalingWarmup", name="hvdtrain.schedule_agreement")
+            check_warmup_agreement(COLLECTIVE, self.progress.schedule, base_lrs=rates)
         super().__init__(optimizer)
 
     def schedule_for(self, base_lr: float) -> LinearScalingSchedule:
@@ -163,6 +127,6 @@ class LinearScalingWarmup(torch.optim.lr_scheduler.LRScheduler):
         """Progress only, as plain values (a checkpoint loads with ``weights_only=True``),
         not the configuration, so a resumed run keeps its own arguments."""
         state = super().state_dict()
-        state.pop("_schedule_arguments", None)
+        state.pop("settings", None)
         state.update(state.pop("progress").state_dict())
         return state

@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from typing import Any, Unpack
 
 import keras
 
 from hvdtrain.adapters.keras import _internals, backend
 from hvdtrain.adapters.keras.callbacks._rates import learning_rate, set_learning_rate
 from hvdtrain.collective import gather, require_initialized
-from hvdtrain.consistency import check_ranks_agree
 from hvdtrain.runtime import elastic_job
-from hvdtrain.schedule import (
-    DEFAULT_BASE_BATCH_SIZE,
-    DEFAULT_GAMMA,
-    DEFAULT_WARMUP_EPOCHS,
-    LinearScalingSchedule,
-    WarmupProgress,
-)
+from hvdtrain.schedule import LinearScalingSchedule, WarmupProgress
 from hvdtrain.validation import require_positive_int
+from hvdtrain.warmup import WarmupArguments, WarmupSettings, check_warmup_agreement
 
 
 class LinearScalingWarmup(keras.callbacks.Callback):
@@ -54,27 +47,17 @@ class LinearScalingWarmup(keras.callbacks.Callback):
                   callbacks=[hvk.LinearScalingWarmup(batch_size_per_worker=32)])
     """
 
-    def __init__(
-        self,
-        *,
-        batch_size_per_worker: int,
-        base_batch_size: int = DEFAULT_BASE_BATCH_SIZE,
-        warmup_epochs: float = DEFAULT_WARMUP_EPOCHS,
-        steps_per_epoch: int | None = None,
-        milestones: Iterable[int] = (),
-        gamma: float = DEFAULT_GAMMA,
-        momentum_correction: bool = True,
-        base_lr: float | None = None,
-    ) -> None:
+    def __init__(self, *, base_lr: float | None = None, momentum_correction: bool = True,
+                 **settings: Unpack[WarmupArguments]) -> None:
+        """Args: η (``base_lr``; None: the optimizer's rate when training begins), whether
+        to correct the momentum, and the settings of
+        :class:`hvdtrain.warmup.WarmupSettings` (``steps_per_epoch`` None: fit's)."""
         super().__init__()
-        self.batch_size_per_worker = batch_size_per_worker
-        self.base_batch_size = base_batch_size
-        self.warmup_epochs = warmup_epochs
-        self.steps_per_epoch = steps_per_epoch
-        self.milestones = tuple(milestones)
-        self.gamma = gamma
-        self.momentum_correction = momentum_correction
+        self.settings = WarmupSettings.of(**settings)
+        if base_lr is not None:
+            self.settings.schedule(base_lr, world_size=1, steps_per_epoch=1)  # validates it
         self.base_lr = base_lr
+        self.momentum_correction = momentum_correction
         # Where training stands once it has begun (None before).
         self.progress: WarmupProgress | None = None
         self._batches_per_epoch = 0
@@ -82,25 +65,16 @@ class LinearScalingWarmup(keras.callbacks.Callback):
         # Micro-batches trained since training began (the batch about to run, once
         # on_train_batch_begin has set its rate).
         self._batches_done = 0
-        # Validate now, with placeholders where fit fills in later, so bad input fails early.
-        self._make_schedule(base_lr or 1.0, steps_per_epoch or 1, passes=1)
 
-    def _make_schedule(self, base_lr: float, batches_per_epoch: int,
-                       passes: int, world_size: int | None = None) -> LinearScalingSchedule:
-        hvd = backend.horovod()
-        if world_size is None:
-            world_size = hvd.size() if hvd.is_initialized() else 1
-        return LinearScalingSchedule(
-            base_lr=base_lr, batch_size_per_worker=self.batch_size_per_worker,
-            world_size=world_size,
-            steps_per_epoch=max(1, batches_per_epoch // passes),
-            base_batch_size=self.base_batch_size, warmup_epochs=self.warmup_epochs,
-            milestones=self.milestones, gamma=self.gamma, backward_passes_per_step=passes,
-        )
+    def _make_schedule(self, batches_per_epoch: int, world_size: int) -> LinearScalingSchedule:
+        return self.settings.schedule(self.base_lr, world_size,
+                                      steps_per_epoch=max(1, batches_per_epoch // self._passes),
+                                      passes=self._passes)
 
     def on_train_begin(self, logs=None) -> None:
         """Fix η and the schedule and check that every rank has the same one."""
-        require_initialized(backend.collective(), "LinearScalingWarmup")
+        collective = backend.collective()
+        require_initialized(collective, "LinearScalingWarmup")
         if self.progress is not None and elastic_job():
             # A later fit of an elastic job (after a reset, or after a partial epoch), or
             # a worker that joined and was given rank 0's progress: keep the schedule,
@@ -110,11 +84,11 @@ class LinearScalingWarmup(keras.callbacks.Callback):
         if _internals.has_schedule(optimizer):
             raise TypeError("the optimizer's learning rate is a LearningRateSchedule; give it a "
                             "float learning rate (η) for LinearScalingWarmup to drive")
-        batches = self.steps_per_epoch or self.params.get("steps")
-        if not self.steps_per_epoch and not elastic_job():
+        batches = self.settings.steps_per_epoch or self.params.get("steps")
+        if not self.settings.steps_per_epoch and not elastic_job():
             # Shares may give the workers different numbers of batches (JoinAtEpochEnd):
             # the job's epoch is the longest.
-            shares = gather(backend.collective(), batches, "hvdtrain.warmup.batches")
+            shares = gather(collective, batches, "hvdtrain.warmup.batches")
             batches = None if None in shares else max(shares)
         if not batches:
             raise ValueError("LinearScalingWarmup needs steps_per_epoch: fit does not know the "
@@ -126,19 +100,15 @@ class LinearScalingWarmup(keras.callbacks.Callback):
                     f"the optimizer's learning rate is {self.base_lr}: LinearScalingWarmup "
                     "scales it (η, tuned for base_batch_size); give the optimizer that rate, "
                     "or pass base_lr=")
-        self._passes = optimizer.gradient_accumulation_steps or 1
+        self._passes = self.settings.passes(optimizer.gradient_accumulation_steps or 1)
         self._batches_per_epoch = batches
-        self.progress = WarmupProgress.begin(self._make_schedule(self.base_lr, batches,
-                                                                 self._passes))
+        self.progress = WarmupProgress.begin(
+            self._make_schedule(batches, self.settings.workers(collective)))
         if elastic_job():
             # A worker that joins an elastic job starts this fit later than the others;
             # the elastic state's sync has given it rank 0's schedule and progress.
             return
-        check_ranks_agree(backend.collective(),
-            {name: getattr(self.schedule, name) for name in (
-                "base_lr", "batch_size_per_worker", "steps_per_epoch", "base_batch_size",
-                "warmup_epochs", "milestones", "gamma", "backward_passes_per_step")},
-            "LinearScalingWarmup")
+        check_warmup_agreement(collective, self.schedule)
 
     def on_epoch_begin(self, epoch: int, logs=None) -> None:
         """Count the batches of the epochs before: a step counts from the start of
@@ -210,8 +180,7 @@ class LinearScalingWarmup(keras.callbacks.Callback):
         self._batches_per_epoch = state["batches_per_epoch"]
         self._passes = state["passes"]
         self._batches_done = state["batches_done"]
-        schedule = self._make_schedule(self.base_lr, self._batches_per_epoch, self._passes,
-                                       state["world_size"])
+        schedule = self._make_schedule(self._batches_per_epoch, state["world_size"])
         self.progress = WarmupProgress.from_state_dict(schedule, state)
 
     def _set_rate(self, new: float) -> None:
