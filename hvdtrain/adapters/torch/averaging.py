@@ -1,8 +1,13 @@
 """How :func:`.optimizer.DistributedOptimizer` averages and checks gradients:
 ``CheckedAveraging``'s methods, set beside Horovod's optimizer methods on a subclass of
-the user's optimizer class (:func:`distributed_class`). Two paths: one flat allreduce
-per dtype after ``backward()`` (with :mod:`.tally`'s count and bound behind the
-gradients), or Horovod's per-tensor allreduces during it (``overlap``)."""
+the user's optimizer class (:func:`.layers.distributed_class`). Two paths: one flat
+allreduce per dtype after ``backward()`` (with :mod:`.tally`'s count and bound behind
+the gradients), or Horovod's per-tensor allreduces during it (``overlap``).
+
+It is the lowest of the optimizer's layers: :class:`.sharding.ShardedSteps` and
+:class:`.gradient_slices.SlicedGradients` build on it by overriding its hooks
+(``_build_layers``, ``_reduce_gradients``, ``_holds_gradient_slices``, ...), and it
+calls no method of theirs."""
 
 from __future__ import annotations
 
@@ -19,12 +24,10 @@ from hvdtrain import watchdog
 # synchronize(); distributed_class builds on them.
 from hvdtrain.adapters.torch._horovod import HorovodOptimizer as _HorovodOptimizer
 from hvdtrain.adapters.torch.compression import HOROVOD_COMPRESSION, bf16_allreduce_async
-from hvdtrain.adapters.torch.gradient_slices import SlicedGradients
-from hvdtrain.adapters.torch.sharding import ShardedSteps
 from hvdtrain.adapters.torch.tally import flat_with_tally, read_tally
 from hvdtrain.nonfinite import NonFiniteGradientError, nonfinite_gradient_message
 
-__all__ = ["CheckedAveraging", "distributed_class"]
+__all__ = ["CheckedAveraging"]
 
 
 class CheckedAveraging:
@@ -35,8 +38,8 @@ class CheckedAveraging:
 
     Horovod's methods call ``super(self.__class__, self)``, so its optimizer cannot be
     subclassed; instead these methods sit beside Horovod's in one class whose base is
-    the user's optimizer class (:func:`distributed_class`), and call Horovod's
-    explicitly.
+    the user's optimizer class (:func:`.layers.distributed_class`), and call Horovod's
+    explicitly, as the layers above call these.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer,
@@ -65,9 +68,12 @@ class CheckedAveraging:
         self._all_contributed = False  # whether every rank sent this step's gradients
         self.shard_state = shard_state or shard_gradients
         self.shard_gradients = shard_gradients
-        if self.shard_state:
-            self._build_shards()  # ShardedSteps'
+        self._build_layers()
         self.load_state_dict(optimizer.state_dict())  # keep state built before wrapping
+
+    def _build_layers(self) -> None:
+        """What the layers above build before the state is loaded (the shards of
+        :class:`.sharding.ShardedSteps`); nothing here."""
 
     def synchronize(self) -> None:
         """Finish the allreduce of every gradient; afterwards each holds the mean over
@@ -87,9 +93,15 @@ class CheckedAveraging:
         # post-scaling divides by it, in the pass that divides by the world size.
         uniform = len(counts) == 1
         postscale = 1.0 / max(next(iter(counts)), 1) if uniform else 1.0
-        if self.shard_gradients:  # SlicedGradients'
-            self._reduce_scatter_gradients(postscale, None if uniform or not divide else passes)
-            return
+        self._reduce_gradients(postscale, passes if divide else None, uniform)
+
+    def _reduce_gradients(self, postscale: float, passes: dict[torch.Tensor, int] | None,
+                          uniform: bool) -> None:
+        """Average the gradients over the workers: the flat allreduce, or Horovod's
+        per-tensor synchronize. ``postscale``: the factor the reduction applies (1 over
+        the passes when ``uniform``, every gradient having seen as many); ``passes``:
+        each gradient's backward passes, to divide by where the reduction did not (None:
+        no division)."""
         if self._sends_flat():
             self._allreduce_flat(postscale)
             if uniform:
@@ -101,7 +113,7 @@ class CheckedAveraging:
                 finally:  # a step that failed leaves no count behind for the next one
                     contributors, self._contributors = self._contributors, None
                 self._average_over_contributors(contributors)
-        if divide:
+        if passes is not None:
             for parameter, count in passes.items():
                 if count > 1 and parameter.grad is not None:
                     parameter.grad.div_(count)
@@ -165,23 +177,18 @@ class CheckedAveraging:
         after ``synchronize()`` and before ``step()`` inside ``skip_synchronize()``
         (``torch.nn.utils.clip_grad_norm_`` on the parameters there does the same).
 
-        With ``shard_gradients=True`` it clips every worker's slice by the norm over all
-        of them (one scalar allreduce; every worker must call it).
-
         Returns:
             The norm before clipping.
         """
         self._require_synchronized_for("clip_grad_norm_")
-        if self._holds_gradient_slices():
-            return self._clip_slices(max_norm, norm_type)  # SlicedGradients'
         return torch.nn.utils.clip_grad_norm_(
             [p for group in self.param_groups for p in group["params"] if p.grad is not None],
             max_norm, norm_type)
 
     def _holds_gradient_slices(self) -> bool:
         """Whether this worker's averaged gradients are its slices alone
-        (``shard_gradients``; a worker outside the process set keeps its own whole ones)."""
-        return self.shard_gradients and self.process_set.included()
+        (:class:`.gradient_slices.SlicedGradients`); not here."""
+        return False
 
     def _require_synchronized_for(self, what: str) -> None:
         if not self._synchronized:
@@ -286,8 +293,6 @@ class CheckedAveraging:
 
     def _first_nonfinite_gradient(self) -> str | None:
         """The name of the first parameter whose (averaged) gradient is not finite."""
-        if self._holds_gradient_slices():
-            return self._first_nonfinite_in_slices()  # SlicedGradients'
         parameters = [p for group in self.param_groups for p in group["params"]
                       if p.grad is not None]
         if not parameters:
@@ -368,18 +373,6 @@ class CheckedAveraging:
         if self.op == Average and 0 < contributors < size:
             return size / contributors
         return None
-
-
-def distributed_class(base: type, sharded: bool = False) -> type:
-    """A class with ``base`` as its base, Horovod's optimizer methods and ours on top
-    (with ``sharded``, :class:`.sharding.ShardedSteps`' over those)."""
-    methods = dict(vars(_HorovodOptimizer))
-    layers = (CheckedAveraging, ShardedSteps, SlicedGradients) if sharded else (CheckedAveraging,)
-    for layer in layers:
-        methods.update((name, member) for name, member in vars(layer).items()
-                       if name == "__init__" or not name.startswith("__"))
-    methods["__doc__"] = f"{base.__name__} with gradients averaged over Horovod workers."
-    return type(base.__name__, (base,), methods)
 
 
 def _on_any_rank(condition: bool, process_set: ProcessSet) -> bool:

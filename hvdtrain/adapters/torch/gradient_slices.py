@@ -9,8 +9,9 @@ and fills the parameters' gradients with NaN, since they no longer hold the aver
 ``GradScaler.unscale_``); clipping and the non-finite check work on the slices.
 Stage 1, stepping the slices and sharing them back, is :mod:`.sharding`'s.
 
-``SlicedGradients``' methods join :class:`.sharding.ShardedSteps`' in the class that
-:func:`.averaging.distributed_class` builds with ``sharded=True``.
+``SlicedGradients`` is the layer over :class:`.sharding.ShardedSteps` in the class that
+:func:`.layers.distributed_class` builds with ``shard_gradients=True``. A worker outside
+the process set keeps its own whole gradients, and the layers below handle it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import horovod.torch as _hvd
 import torch
 
 from hvdtrain import watchdog
+from hvdtrain.adapters.torch.averaging import CheckedAveraging
 from hvdtrain.adapters.torch.sharding import explaining_join
 from hvdtrain.adapters.torch.tally import read_tally, rows_with_tally
 
@@ -29,6 +31,38 @@ __all__ = ["SlicedGradients"]
 
 class SlicedGradients:
     """The distributed optimizer's methods for ``shard_gradients=True`` (see the module)."""
+
+    def _holds_gradient_slices(self) -> bool:
+        """Whether this worker's averaged gradients are its slices alone: when it is in
+        the process set."""
+        return self.process_set.included()
+
+    def _reduce_gradients(self, postscale: float, passes: dict[torch.Tensor, int] | None,
+                          uniform: bool) -> None:
+        """The reduce-scatter instead of the allreduce (arguments as
+        :meth:`.averaging.CheckedAveraging._reduce_gradients`')."""
+        self._reduce_scatter_gradients(postscale, None if uniform else passes)
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip the averaged gradients by their global norm: every worker's slice by the
+        norm over all of them (one scalar allreduce; every worker must call it), as
+        ``torch.nn.utils.clip_grad_norm_`` clips whole gradients. Call it after
+        ``synchronize()`` and before ``step()`` inside ``skip_synchronize()``.
+
+        Returns:
+            The norm before clipping.
+        """
+        if not self._holds_gradient_slices():
+            return CheckedAveraging.clip_grad_norm_(self, max_norm, norm_type)
+        self._require_synchronized_for("clip_grad_norm_")
+        return self._clip_slices(max_norm, norm_type)
+
+    def _first_nonfinite_gradient(self) -> str | None:
+        """The name of the first parameter whose averaged gradient is not finite in any
+        worker's slice."""
+        if not self._holds_gradient_slices():
+            return CheckedAveraging._first_nonfinite_gradient(self)
+        return self._first_nonfinite_in_slices()
 
     def _reduce_scatter_gradients(self, postscale: float, passes: dict | None) -> None:
         """``shard_gradients``: reduce-scatter each param group's gradients (and the
@@ -105,7 +139,7 @@ class SlicedGradients:
         """``shard_gradients``: the name of the first parameter, in the order of the param
         groups, with a NaN or Inf in any worker's slice of its averaged gradient (one
         scalar allreduce, so every worker names the same one). Only on a worker in the
-        process set (``_holds_gradient_slices()``)."""
+        process set."""
         first = math.inf
         position = 0
         for shard in self._shards:
@@ -132,7 +166,7 @@ class SlicedGradients:
         """``shard_gradients``: clip every worker's slice of the averaged gradients by
         their norm over all the slices (one scalar allreduce), as
         ``torch.nn.utils.clip_grad_norm_`` clips whole gradients. Returns that norm. Only
-        on a worker in the process set (``_holds_gradient_slices()``)."""
+        on a worker in the process set."""
         slices = [shard.shard for shard in self._shards
                   if shard is not None and shard.shard.grad is not None]
         local = torch.nn.utils.get_total_norm([p.grad for p in slices], norm_type)

@@ -15,9 +15,9 @@ import torch
 from horovod.torch import Adasum, Average, ProcessSet, Sum, global_process_set
 
 from hvdtrain.adapters.torch._horovod import COLLECTIVE
-from hvdtrain.adapters.torch.averaging import distributed_class
 from hvdtrain.adapters.torch.compression import HOROVOD_COMPRESSION, compression_name
 from hvdtrain.adapters.torch.consistency import check_start_agreement, named_parameters_of
+from hvdtrain.adapters.torch.layers import distributed_class
 from hvdtrain.adapters.torch.sharding import require_elementwise
 from hvdtrain.collective import require_initialized
 from hvdtrain.consistency import software_versions
@@ -217,7 +217,7 @@ def DistributedOptimizer(
         return _hvd.DistributedOptimizer(optimizer, named,
                                          compression=HOROVOD_COMPRESSION[compression], op=Adasum,
                                          process_set=process_set)
-    return distributed_class(type(optimizer), sharded=shard_state or shard_gradients)(
+    return distributed_class(type(optimizer), shard_state, shard_gradients)(
         optimizer, named, compression=compression,
         backward_passes_per_step=backward_passes_per_step,
         average_aggregated_gradients=average_aggregated_gradients, op=op, groups=groups,

@@ -203,7 +203,16 @@ def _end_to_end(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
 
 
 class ShardedSteps:
-    """The distributed optimizer's methods with ``shard_state=True`` (see the module)."""
+    """The distributed optimizer's methods with ``shard_state=True`` (see the module), a
+    layer over :class:`.averaging.CheckedAveraging` (:mod:`.layers`)."""
+
+    def _build_layers(self) -> None:
+        """The shards, before the state is loaded into them."""
+        self._build_shards()
+
+    def _require_averaged_slices(self) -> None:
+        """Nothing to check where every worker holds the whole averaged gradients (with
+        ``shard_gradients``, :class:`.gradient_slices.SlicedGradients` checks its slices)."""
 
     def _build_shards(self) -> None:
         """One :class:`ParameterShard` per param group (None for a group with nothing to
@@ -289,7 +298,7 @@ class ShardedSteps:
         itself when a worker has called ``join()`` (its broadcast and reduce-scatter
         refuse cleanly), so it is used only when this step's reduction counted every
         worker, as the reduce-scatter of ``shard_gradients`` always has."""
-        gather = self.shard_gradients or self._all_contributed
+        gather = self._holds_gradient_slices() or self._all_contributed
         gathers, broadcasts = [], []
         for index, shard in enumerate(self._shards):
             if shard is None:
