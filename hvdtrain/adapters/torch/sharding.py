@@ -20,7 +20,7 @@ hvdtrain's patches ``0007-gloo-ring-reducescatter`` and ``0008-mpi-ring-reducesc
 
 The reduce-scatter of ``shard_gradients`` is :mod:`.gradient_slices`'.
 ``ShardedSteps``' methods replace :class:`.averaging.CheckedAveraging`'s in the class
-that :func:`.averaging.distributed_class` builds with ``sharded=True``.
+that :func:`.layers.distributed_class` builds with ``shard_state=True``.
 """
 
 from __future__ import annotations
