@@ -516,8 +516,8 @@ build() {
     trap 'rm -rf "$WORK"' EXIT  # also when build runs in a subshell of its own
     local work="$WORK"
     local -a flags
-    local flag_lines
-    flag_lines="$(build_flags)"
+    local flag_lines  # (HVDTRAIN_CPU_ONLY's reason is in build_summary's line already)
+    flag_lines="$(build_flags | grep -v '^HVDTRAIN_CPU_ONLY=')"
     mapfile -t flags <<<"$flag_lines"
     if [ -n "${HVDTRAIN_HOROVOD_SDIST:-}" ]; then
         cp "$HVDTRAIN_HOROVOD_SDIST" "$work/"
