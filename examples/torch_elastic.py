@@ -75,7 +75,7 @@ def train(args: argparse.Namespace) -> None:
         optimizer, batch_size_per_worker=args.batch_size_per_worker,
         steps_per_epoch=len(loader), base_batch_size=args.base_batch_size,
         warmup_epochs=args.warmup_epochs)
-    state = hvt.elastic.TorchState(model, optimizer, scheduler=scheduler, sampler=sampler,
+    state = hvt.elastic.TorchState(model, optimizer, warmup=scheduler, sampler=sampler,
                                    epoch=0, step=0)
     changes: list[str] = []  # rank 0's record of each change of the number of workers
     last = {"size": hvt.size(), "lr": optimizer.param_groups[0]["lr"]}

@@ -2,12 +2,14 @@
 
 A :class:`Collective` is what the core needs from a worker group: whether it is
 connected, this worker's rank, the group's size, and an allgather and a broadcast of
-Python objects. Each adapter has one: :class:`HorovodCollective` over ``horovod.torch``
-(the torch adapter, which adds one per Horovod process set) or over the Horovod that
-matches Keras's backend (the Keras and TensorFlow adapters), and an mpi4py
-communicator's in the NumPy adapter. The core's functions that need every rank take
-it: :func:`require_initialized`, :func:`gather` and :func:`broadcast` (both under
-:mod:`hvdtrain.watchdog`), :func:`on_rank0_for_all`,
+Python objects. Each adapter gives its own with a function of one name, ``collective()``:
+:class:`HorovodCollective` over ``horovod.torch`` (the torch adapter's
+``_horovod.collective(process_set)``, one per Horovod process set) or over the Horovod
+that matches Keras's backend (``keras.backend.collective()``, for the Keras and
+TensorFlow adapters), and an mpi4py communicator's (``numpy.collective()``). The
+core's functions that need every rank take it: :func:`require_initialized`,
+:func:`gather` and :func:`broadcast` (both under :mod:`hvdtrain.watchdog`),
+:func:`on_rank0_for_all`,
 :func:`hvdtrain.consistency.check_ranks_agree`, :func:`hvdtrain.replicas.verify_checksums`
 and :func:`hvdtrain.metrics.average_over_ranks`.
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import hvdtrain
 from hvdtrain.collective import Collective, gather
+from hvdtrain.deprecation import renamed_attributes
 
 
 class RankDisagreementError(ValueError):
@@ -40,7 +41,7 @@ def software_versions(*distributions: str) -> dict[str, str]:
     return versions
 
 
-def first_disagreement(facts_by_rank: Sequence[Mapping[str, Any]]) -> str | None:
+def first_fact_difference(facts_by_rank: Sequence[Mapping[str, Any]]) -> str | None:
     """None when every rank's facts equal rank 0's, else the first field that differs."""
     reference = facts_by_rank[0]
     for rank, facts in enumerate(facts_by_rank[1:], start=1):
@@ -85,7 +86,7 @@ def first_parameter_difference(specs_by_rank: Sequence[Sequence[tuple[str, Any, 
 
 def raise_on_disagreement(facts_by_rank: Sequence[Mapping[str, Any]], where: str) -> None:
     """Raise :class:`RankDisagreementError` (on every rank) unless all ranks agree."""
-    problem = first_disagreement(facts_by_rank)
+    problem = first_fact_difference(facts_by_rank)
     if problem:
         raise RankDisagreementError(
             f"{where}: the ranks disagree: {problem}. Every rank must run the same code, "
@@ -105,3 +106,6 @@ def check_ranks_agree(collective: Collective, facts: Mapping[str, Any], where: s
         name: the collective's name, the same on every rank.
     """
     raise_on_disagreement(gather(collective, dict(facts), name), where)
+
+
+__getattr__ = renamed_attributes(__name__, {"first_disagreement": "first_fact_difference"})

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from hvdtrain.collective import Collective, gather
+from hvdtrain.deprecation import renamed_attributes
 
 Checksums = list[tuple[str, str]]
 
@@ -52,7 +53,7 @@ def fingerprint(named_arrays: Mapping[str, np.ndarray] | Iterable[tuple[str, np.
     return f"{zlib.crc32(repr(checksums(named_arrays)).encode()):08x}"
 
 
-def first_mismatch(by_rank: Sequence[Checksums],
+def first_checksum_difference(by_rank: Sequence[Checksums],
                    labels: Mapping[str, str] | None = None) -> str | None:
     """None when every rank's checksums equal rank 0's, else what differs and where.
 
@@ -82,7 +83,7 @@ def first_mismatch(by_rank: Sequence[Checksums],
 def raise_on_mismatch(by_rank: Sequence[Checksums],
                       labels: Mapping[str, str] | None = None) -> None:
     """Raise :class:`ReplicaMismatchError` unless all ranks' checksums agree."""
-    problem = first_mismatch(by_rank, labels)
+    problem = first_checksum_difference(by_rank, labels)
     if problem:
         raise ReplicaMismatchError(
             f"replicas differ: {problem}. Broadcast the initial state from rank 0 and look for "
@@ -95,3 +96,6 @@ def verify_checksums(collective: Collective, mine: Checksums,
     """Gather every rank's ``mine`` and raise :class:`ReplicaMismatchError` on every rank
     unless they all equal rank 0's (``labels``: names to show for checksum keys)."""
     raise_on_mismatch(gather(collective, mine, "hvdtrain.replica_checksums"), labels)
+
+
+__getattr__ = renamed_attributes(__name__, {"first_mismatch": "first_checksum_difference"})

@@ -4,7 +4,7 @@ import pytest
 
 from hvdtrain.consistency import (
     RankDisagreementError,
-    first_disagreement,
+    first_fact_difference,
     first_parameter_difference,
     raise_on_disagreement,
     software_versions,
@@ -13,20 +13,21 @@ from hvdtrain.consistency import (
 
 def test_agreeing_ranks_pass():
     facts = {"batch": 32, "optimizer": "SGD"}
-    assert first_disagreement([facts, dict(facts), dict(facts)]) is None
+    assert first_fact_difference([facts, dict(facts), dict(facts)]) is None
     raise_on_disagreement([facts, facts], "here")
 
 
 def test_the_first_differing_field_is_named_with_rank_and_both_values():
     ranks = [{"batch": 32, "optimizer": "SGD"}, {"batch": 32, "optimizer": "SGD"},
              {"batch": 16, "optimizer": "Adam"}]
-    assert first_disagreement(ranks) == "batch is 32 on rank 0 but 16 on rank 2"
+    assert first_fact_difference(ranks) == "batch is 32 on rank 0 but 16 on rank 2"
     with pytest.raises(RankDisagreementError, match=r"^Where: the ranks disagree: batch"):
         raise_on_disagreement(ranks, "Where")
 
 
 def test_a_field_missing_on_one_rank_counts():
-    assert first_disagreement([{"a": 1}, {"a": 1, "b": 2}]) == "b is None on rank 0 but 2 on rank 1"
+    assert (first_fact_difference([{"a": 1}, {"a": 1, "b": 2}])
+            == "b is None on rank 0 but 2 on rank 1")
 
 
 def test_versions_name_python_hvdtrain_and_absent_packages():

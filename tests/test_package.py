@@ -10,6 +10,7 @@ import pytest
 
 from hvdtrain import (
     collective,
+    deprecation,
     doctor,
     elastic,
     horovod_patches,
@@ -61,7 +62,7 @@ def test_the_torch_adapter_says_what_is_missing_before_init():
 
 
 @pytest.mark.parametrize("module", [schedule, warmup, elastic, slurm, horovod_patches, runtime,
-                                    collective, doctor])
+                                    collective, doctor, deprecation])
 def test_the_examples_in_the_core_docstrings_hold(module):
     results = doctest.testmod(module)
     assert results.attempted > 0 and results.failed == 0

@@ -8,7 +8,7 @@ from hvdtrain.replicas import (
     array_checksum,
     checksums,
     fingerprint,
-    first_mismatch,
+    first_checksum_difference,
     raise_on_mismatch,
 )
 
@@ -25,7 +25,7 @@ def test_checksum_is_bitwise():
 
 def test_identical_ranks_pass():
     mine = checksums({"w": np.ones(3), "b": np.zeros(1)})
-    assert first_mismatch([mine, mine, mine]) is None
+    assert first_checksum_difference([mine, mine, mine]) is None
     raise_on_mismatch([mine, mine])
 
 
@@ -38,9 +38,9 @@ def test_a_differing_tensor_is_named_with_the_ranks():
 
 def test_different_names_or_counts_are_reported():
     good = checksums({"w": np.ones(3), "b": np.zeros(1)})
-    assert "differ in name or order" in first_mismatch(
+    assert "differ in name or order" in first_checksum_difference(
         [good, checksums({"b": np.zeros(1), "w": np.ones(3)})])
-    assert "different number of tensors (2 on rank 0, 1)" in first_mismatch(
+    assert "different number of tensors (2 on rank 0, 1)" in first_checksum_difference(
         [good, checksums({"w": np.ones(3)})])
 
 

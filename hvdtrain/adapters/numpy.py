@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 import numpy as np
 
 from hvdtrain import runtime, watchdog
-from hvdtrain.collective import require_initialized
+from hvdtrain.collective import Collective, require_initialized
 from hvdtrain.consistency import RankDisagreementError, check_ranks_agree, software_versions
 from hvdtrain.nonfinite import PLAIN_REMEDY, NonFiniteGradientError, nonfinite_gradient_message
 from hvdtrain.replicas import ReplicaMismatchError, checksums, verify_checksums
@@ -110,11 +110,17 @@ class _MpiCollective:
         return _comm().bcast(value, root=root_rank)
 
 
-_COLLECTIVE = _MpiCollective()
+_ALL_WORKERS = _MpiCollective()
+
+
+def collective() -> Collective:
+    """The workers as the core's :class:`~hvdtrain.collective.Collective` (each adapter
+    has its ``collective()``)."""
+    return _ALL_WORKERS
 
 
 def _comm() -> MPI.Comm:
-    require_initialized(_COLLECTIVE, "hvdtrain.adapters.numpy")
+    require_initialized(_ALL_WORKERS, "hvdtrain.adapters.numpy")
     return _communicator
 
 
@@ -144,7 +150,7 @@ def allreduce_mean(array: Any) -> np.ndarray:
     rank must pass the same shape and dtype (a mismatch raises ValueError on every rank).
     """
     data = _contiguous(array, "allreduce_mean")
-    check_ranks_agree(_COLLECTIVE, {"array shape": data.shape, "array dtype": data.dtype.str},
+    check_ranks_agree(collective(), {"array shape": data.shape, "array dtype": data.dtype.str},
                       "allreduce_mean", name="allreduce_mean's shapes and dtypes")
     if not np.issubdtype(data.dtype, np.floating):
         data = data.astype(np.int64)
@@ -209,7 +215,7 @@ class DistributedSGD:
         self.steps_taken = 0
         facts = {f"params[{i}] (shape, dtype)": (p.shape, p.dtype.str)
                  for i, p in enumerate(self.params)}
-        check_ranks_agree(_COLLECTIVE, {**facts, "number of parameters": len(self.params),
+        check_ranks_agree(collective(), {**facts, "number of parameters": len(self.params),
                                        "lr": self.lr, "momentum": self.momentum,
                                        **software_versions("numpy", "mpi4py")},
                           "DistributedSGD", name="DistributedSGD's settings")
@@ -269,9 +275,9 @@ class LinearScalingWarmup:
         require_instance("optimizer", optimizer, DistributedSGD, "an hvn.DistributedSGD")
         warmup = WarmupSettings.of(**settings)
         self.optimizer = optimizer
-        self.schedule = warmup.schedule(optimizer.lr, warmup.workers(_COLLECTIVE),
+        self.schedule = warmup.schedule(optimizer.lr, warmup.workers(collective()),
                                         steps_per_epoch=warmup.require_steps_per_epoch())
-        check_warmup_agreement(_COLLECTIVE, self.schedule)
+        check_warmup_agreement(collective(), self.schedule)
         self.steps_taken = 0
         optimizer.lr = self.schedule.lr_at(0)
 
@@ -294,4 +300,4 @@ def verify_replicas(arrays: Sequence[np.ndarray]) -> None:
     """Raise ReplicaMismatchError on every rank unless every rank's arrays are bit-identical."""
     require_instance("arrays", arrays, list | tuple, "a list or tuple of NumPy arrays")
     mine = checksums((f"array[{i}]", np.asarray(a)) for i, a in enumerate(arrays))
-    verify_checksums(_COLLECTIVE, mine)
+    verify_checksums(collective(), mine)

@@ -88,7 +88,7 @@ def main(mode: str, hosts: LocalHosts | None) -> None:
     scheduler = hvt.LinearScalingWarmup(
         optimizer, batch_size_per_worker=BATCH, base_batch_size=BATCH, warmup_epochs=2,
         steps_per_epoch=SAMPLES // (BATCH * hvt.size()))
-    state = elastic.TorchState(model, optimizer, scheduler=scheduler, sampler=sampler,
+    state = elastic.TorchState(model, optimizer, warmup=scheduler, sampler=sampler,
                                epoch=0, step=0)
     consumed: list[tuple[int, int]] = []  # this rank's (epoch, sample) since the last commit
 

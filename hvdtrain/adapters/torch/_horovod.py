@@ -51,7 +51,7 @@ PRIVATE_APIS: dict[str, tuple[object, tuple[str, ...]]] = {
     "horovod.torch.elastic": (_torch_elastic, ("TorchState", "ElasticSampler")),
 }
 
-COLLECTIVE: Collective = HorovodCollective(hvd, "hvt.init()")
+_ALL_WORKERS: Collective = HorovodCollective(hvd, "hvt.init()")
 
 
 def require_private_apis() -> None:
@@ -102,9 +102,10 @@ class ProcessSetCollective:
                                     process_set=self.process_set)
 
 
-def collective_for(process_set: hvd.ProcessSet = hvd.global_process_set) -> Collective:
-    """The workers of ``process_set`` (all of them by default)."""
-    return COLLECTIVE if process_set == hvd.global_process_set else \
+def collective(process_set: hvd.ProcessSet = hvd.global_process_set) -> Collective:
+    """The workers of ``process_set`` (all of them by default) as the core's
+    :class:`~hvdtrain.collective.Collective`; each adapter has its ``collective()``."""
+    return _ALL_WORKERS if process_set == hvd.global_process_set else \
         ProcessSetCollective(process_set)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import horovod.torch as _hvd
 import torch
 
-from hvdtrain.adapters.torch._horovod import COLLECTIVE
+from hvdtrain.adapters.torch._horovod import collective
 from hvdtrain.adapters.torch.replicas import broadcast_state, broadcast_tree
 from hvdtrain.adapters.torch.scheduler import LinearScalingWarmup
 from hvdtrain.adapters.torch.sharding import is_sharded
@@ -49,7 +49,7 @@ def save_checkpoint(
         RuntimeError: on every rank, when rank 0 could not write the file (instead of
             the other ranks running on into a hang).
     """
-    require_initialized(COLLECTIVE, "save_checkpoint")
+    require_initialized(collective(), "save_checkpoint")
     # A sharded optimizer's state_dict() gathers every rank's slice: all ranks call it.
     gathered = optimizer.state_dict() if is_sharded(optimizer) else None
 
@@ -66,7 +66,7 @@ def save_checkpoint(
         with atomic_write(path) as file:
             torch.save(payload, file)
 
-    on_rank0_for_all(COLLECTIVE, write, f"write checkpoint {os.fspath(path)}",
+    on_rank0_for_all(collective(), write, f"write checkpoint {os.fspath(path)}",
                      "hvdtrain.checkpoint.saved")
 
 
@@ -91,7 +91,7 @@ def load_checkpoint(
         RuntimeError: on every rank, when the file is missing, unreadable or does not
             fit what was passed (the message says which).
     """
-    require_initialized(COLLECTIVE, "load_checkpoint")
+    require_initialized(collective(), "load_checkpoint")
     sharded = is_sharded(optimizer)
     optimizer_state = None
 
@@ -106,7 +106,7 @@ def load_checkpoint(
         _load_part(scheduler, payload["scheduler"], "scheduler")
         return payload["extra"]
 
-    extra = on_rank0_for_all(COLLECTIVE, read, f"load checkpoint {os.fspath(path)}",
+    extra = on_rank0_for_all(collective(), read, f"load checkpoint {os.fspath(path)}",
                              "hvdtrain.checkpoint.loaded")
     extra = broadcast_state(model, None if sharded else optimizer, scheduler, root_rank=0,
                             extra=extra or {})

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from horovod.torch import ProcessSet
 
-from hvdtrain.adapters.torch._horovod import collective_for
+from hvdtrain.adapters.torch._horovod import collective
 from hvdtrain.collective import gather
 from hvdtrain.consistency import (
     RankDisagreementError,
@@ -75,7 +75,7 @@ def check_start_agreement(named_parameters: list[tuple[str, torch.Tensor]],
     rank, the parameter or field, and both values.
     """
     mine = [(name, tuple(p.shape), str(p.dtype)) for name, p in named_parameters]
-    everyone = gather(collective_for(process_set), {"parameters": mine, "facts": facts},
+    everyone = gather(collective(process_set), {"parameters": mine, "facts": facts},
                       "hvdtrain.start_agreement")
     problem = first_parameter_difference([rank["parameters"] for rank in everyone])
     if problem:

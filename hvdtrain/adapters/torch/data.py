@@ -9,7 +9,7 @@ from typing import Any
 import horovod.torch as _hvd
 import torch
 
-from hvdtrain.adapters.torch._horovod import COLLECTIVE
+from hvdtrain.adapters.torch._horovod import collective
 from hvdtrain.collective import require_initialized
 from hvdtrain.metrics import average_over_ranks
 from hvdtrain.validation import require_instance, require_non_negative_int
@@ -42,12 +42,12 @@ def average_metrics(metrics: Mapping[str, float | torch.Tensor], *,
             ``examples``, or all 0).
         TypeError: when a value is not a number.
     """
-    require_initialized(COLLECTIVE, "average_metrics")
+    require_initialized(collective(), "average_metrics")
     if examples is not None:
         require_non_negative_int("examples", examples)
     mine = {key: _metric_value(key, value) for key, value in metrics.items()}
     weights = None if examples is None else dict.fromkeys(mine, examples)
-    return average_over_ranks(COLLECTIVE, mine, weights)
+    return average_over_ranks(collective(), mine, weights)
 
 
 def _metric_value(key: str, value: Any) -> float:
@@ -76,7 +76,7 @@ def distributed_sampler(dataset: torch.utils.data.Dataset, *, shuffle: bool = Tr
             every example exactly once, shares differing by at most one; average the
             results with ``average_metrics(..., examples=len(sampler))``.
     """
-    require_initialized(COLLECTIVE, "distributed_sampler")
+    require_initialized(collective(), "distributed_sampler")
     require_instance("seed", seed, int, "an int (the same on every rank)")
     if not pad:
         return _ShareSampler(len(dataset), _hvd.rank(), _hvd.size(), shuffle, seed)

@@ -13,7 +13,7 @@ Example (``examples/torch_elastic.py`` is a whole one)::
 
     sampler = hvt.elastic.ElasticSampler(dataset, seed=0)
     loader = torch.utils.data.DataLoader(dataset, batch_size=32, sampler=sampler)
-    state = hvt.elastic.TorchState(model, optimizer, scheduler=scheduler,
+    state = hvt.elastic.TorchState(model, optimizer, warmup=scheduler,
                                    sampler=sampler, epoch=0)
 
     @hvt.elastic.run
@@ -36,6 +36,7 @@ Example (``examples/torch_elastic.py`` is a whole one)::
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +49,7 @@ from horovod.torch.elastic import TorchState as _HorovodTorchState
 from hvdtrain.adapters.torch.replicas import broadcast_tree
 from hvdtrain.adapters.torch.scheduler import LinearScalingWarmup
 from hvdtrain.adapters.torch.sharding import is_sharded
+from hvdtrain.deprecation import renamed_keyword
 from hvdtrain.elastic import bounded_reset
 from hvdtrain.trees import map_leaves
 from hvdtrain.validation import require_instance
@@ -83,27 +85,31 @@ class TorchState(_HorovodTorchState):
 
     Args:
         model: the model whose ``state_dict`` is kept (optional).
-        optimizer: its optimizer (optional; the rates it holds are the scheduler's).
-        scheduler: a :class:`~hvdtrain.adapters.torch.LinearScalingWarmup`; after each
-            reset it is given rank 0's progress and the new world size
+        optimizer: its optimizer (optional; the rates it holds are the warmup's).
+        warmup: a :class:`~hvdtrain.adapters.torch.LinearScalingWarmup` (the Keras
+            ``KerasState`` takes its own under the same name); after each reset it is
+            given rank 0's progress and the new world size
             (:meth:`~hvdtrain.adapters.torch.LinearScalingWarmup.set_world_size`), so
             the rate follows the rule for the new k at the same point in epochs.
+            ``scheduler=`` is its old name, still taken with a DeprecationWarning.
         sampler: an :class:`ElasticSampler` (Horovod's): on a reset it shares what is
             left of the epoch among the new set of workers. Call its
             ``record_batch(batch, batch_size)`` after each step.
         **extras: plain Python values kept and synced with the rest.
 
     Raises:
-        TypeError: when ``scheduler`` is not a LinearScalingWarmup or ``sampler`` not an
+        TypeError: when ``warmup`` is not a LinearScalingWarmup or ``sampler`` not an
             ElasticSampler (a DistributedSampler cannot re-shard mid-epoch).
     """
 
     def __init__(self, model: torch.nn.Module | None = None,
                  optimizer: torch.optim.Optimizer | None = None, *,
-                 scheduler: LinearScalingWarmup | None = None,
-                 sampler: ElasticSampler | None = None, **extras: Any) -> None:
-        if scheduler is not None:
-            require_instance("scheduler", scheduler, LinearScalingWarmup,
+                 warmup: LinearScalingWarmup | None = None,
+                 sampler: ElasticSampler | None = None,
+                 scheduler: LinearScalingWarmup | None = None, **extras: Any) -> None:
+        warmup = renamed_keyword("TorchState", "scheduler", "warmup", scheduler, warmup)
+        if warmup is not None:
+            require_instance("warmup", warmup, LinearScalingWarmup,
                              "an hvdtrain LinearScalingWarmup")
         if sampler is not None:
             require_instance("sampler", sampler, ElasticSampler,
@@ -120,19 +126,26 @@ class TorchState(_HorovodTorchState):
             # of workers; this one keeps and re-shards the whole state.
             self._handlers["optimizer"] = _ShardedOptimizerHandler(
                 optimizer, self._handlers["optimizer"]._saved_optimizer_state)
-        if scheduler is not None:
+        if warmup is not None:
             # After Horovod's handlers, so that it syncs after the optimizer (whose
             # broadcast state carries rank 0's rates) and sets the rates last.
-            self._handlers["scheduler"] = _SchedulerHandler(scheduler)
-            self.scheduler = scheduler
+            self._handlers["warmup"] = _WarmupHandler(warmup)
+            self.warmup = warmup
+
+    @property
+    def scheduler(self) -> LinearScalingWarmup:
+        """The old name of :attr:`warmup` (deprecated)."""
+        warnings.warn("TorchState.scheduler is now TorchState.warmup; the old name will be "
+                      "removed", DeprecationWarning, stacklevel=2)
+        return self.warmup
 
 
-class _SchedulerHandler:
+class _WarmupHandler:
     """Horovod's state-handler protocol (save, restore, sync, set_value) for a
     LinearScalingWarmup."""
 
-    def __init__(self, scheduler: LinearScalingWarmup) -> None:
-        self.value = scheduler
+    def __init__(self, warmup: LinearScalingWarmup) -> None:
+        self.value = warmup
         self.save()
 
     def save(self) -> None:
@@ -143,12 +156,12 @@ class _SchedulerHandler:
 
     def sync(self) -> None:
         self.value.load_state_dict(_hvd.broadcast_object(
-            self.value.state_dict(), root_rank=0, name="hvdtrain.elastic.scheduler"))
+            self.value.state_dict(), root_rank=0, name="hvdtrain.elastic.warmup"))
         self.value.set_world_size(_hvd.size())
         self.save()
 
     def set_value(self, value: LinearScalingWarmup) -> None:
-        require_instance("scheduler", value, LinearScalingWarmup,
+        require_instance("warmup", value, LinearScalingWarmup,
                          "an hvdtrain LinearScalingWarmup")
         self.value = value
         self.save()

@@ -14,7 +14,7 @@ import horovod.torch as _hvd
 import torch
 from horovod.torch import Adasum, Average, ProcessSet, Sum, global_process_set
 
-from hvdtrain.adapters.torch._horovod import COLLECTIVE
+from hvdtrain.adapters.torch._horovod import collective
 from hvdtrain.adapters.torch.compression import HOROVOD_COMPRESSION, compression_name
 from hvdtrain.adapters.torch.consistency import check_start_agreement, named_parameters_of
 from hvdtrain.adapters.torch.layers import distributed_class
@@ -151,7 +151,7 @@ def DistributedOptimizer(
     require_instance("optimizer", optimizer, torch.optim.Optimizer,
                      "a torch.optim.Optimizer, e.g. torch.optim.SGD(model.parameters(), lr=0.1)")
     named = named_parameters_of(optimizer, named_parameters)
-    require_initialized(COLLECTIVE, "DistributedOptimizer")
+    require_initialized(collective(), "DistributedOptimizer")
     compression = compression_name(compression)
     require_positive_int("backward_passes_per_step", backward_passes_per_step)
     require_instance("average_aggregated_gradients", average_aggregated_gradients, bool,

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from hvdtrain import watchdog
-from hvdtrain.adapters.torch._horovod import COLLECTIVE
+from hvdtrain.adapters.torch._horovod import collective
 from hvdtrain.adapters.torch.sharding import is_sharded
 from hvdtrain.collective import require_initialized
 from hvdtrain.replicas import ReplicaMismatchError, checksums, fingerprint, verify_checksums
@@ -61,7 +61,7 @@ def broadcast_state(
     Returns:
         The root's ``extra`` (a new dict) on every rank.
     """
-    require_initialized(COLLECTIVE, "broadcast_state")
+    require_initialized(collective(), "broadcast_state")
     require_instance("model", model, torch.nn.Module, "a torch.nn.Module")
     require_root_rank(root_rank, _hvd.size())
     with watchdog.guard(f"broadcast_state from rank {root_rank}"):
@@ -73,7 +73,7 @@ def broadcast_state(
             "scheduler": scheduler.state_dict() if scheduler is not None and is_root else None,
             "extra": dict(extra or {}) if is_root else None,
         }
-        header = COLLECTIVE.broadcast_object(header, root_rank, "hvdtrain.state.header")
+        header = collective().broadcast_object(header, root_rank, "hvdtrain.state.header")
         if optimizer is not None:
             # A sharded optimizer's state_dict() gathers every rank's slice: all call it.
             own = optimizer.state_dict() if is_root or is_sharded(optimizer) else None
@@ -90,7 +90,7 @@ def broadcast_tree(tree: Any, root_rank: int, name: str) -> Any:
     ``state_dict()``) on every rank; the others pass None. The layout and the plain
     values travel by one object broadcast, the tensors by Horovod's in-place ones."""
     is_root = _hvd.rank() == root_rank
-    layout = COLLECTIVE.broadcast_object(map_leaves(tree, _spec_of) if is_root else None,
+    layout = collective().broadcast_object(map_leaves(tree, _spec_of) if is_root else None,
                                          root_rank, f"hvdtrain.{name}.layout")
     if not is_root:
         tree = map_leaves(layout, _empty_for)
@@ -110,10 +110,10 @@ def verify_replicas(model: torch.nn.Module,
         ReplicaMismatchError: on every rank, naming the ranks that differ from rank 0
             and the first tensor where they do.
     """
-    require_initialized(COLLECTIVE, "verify_replicas")
+    require_initialized(collective(), "verify_replicas")
     require_instance("model", model, torch.nn.Module, "a torch.nn.Module")
     mine = checksums(_named_arrays(model, optimizer))
-    verify_checksums(COLLECTIVE, mine)
+    verify_checksums(collective(), mine)
 
 
 def state_fingerprint(model: torch.nn.Module,

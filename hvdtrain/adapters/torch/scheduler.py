@@ -9,7 +9,7 @@ from typing import Any, Unpack
 import horovod.torch as _hvd
 import torch
 
-from hvdtrain.adapters.torch._horovod import COLLECTIVE
+from hvdtrain.adapters.torch._horovod import collective
 from hvdtrain.runtime import elastic_job
 from hvdtrain.schedule import LinearScalingSchedule, WarmupProgress
 from hvdtrain.warmup import WarmupArguments, WarmupSettings, check_warmup_agreement
@@ -57,7 +57,7 @@ class LinearScalingWarmup(torch.optim.lr_scheduler.LRScheduler):
         passes = self.settings.passes(getattr(optimizer, "backward_passes_per_step", 1))
         # η is per param group (lr_at's base_lr); 1.0 stands in for it in the schedule.
         self.progress = WarmupProgress.begin(self.settings.schedule(
-            base_lr=1.0, world_size=self.settings.workers(COLLECTIVE),
+            base_lr=1.0, world_size=self.settings.workers(collective()),
             steps_per_epoch=self.settings.require_steps_per_epoch(), passes=passes))
         rates = [group.get("initial_lr", group["lr"]) for group in optimizer.param_groups]
         if not any(float(rate) > 0 for rate in rates):
@@ -67,7 +67,7 @@ class LinearScalingWarmup(torch.optim.lr_scheduler.LRScheduler):
         # In an elastic job a worker that joins builds this while the others train; the
         # elastic state's sync gives it rank 0's progress instead.
         if _hvd.is_initialized() and not elastic_job():
-            check_warmup_agreement(COLLECTIVE, self.progress.schedule, base_lrs=rates)
+            check_warmup_agreement(collective(), self.progress.schedule, base_lrs=rates)
         super().__init__(optimizer)
 
     def schedule_for(self, base_lr: float) -> LinearScalingSchedule:
