@@ -62,8 +62,9 @@ class WarmupSettings:
 
     Args:
         batch_size_per_worker: examples each worker sees per forward pass.
-        steps_per_epoch: optimizer steps per epoch; None where the adapter can count them
-            (the Keras callback, from ``fit``), required elsewhere.
+        steps_per_epoch: optimizer steps per epoch (the Keras callback counts fit's
+            batches, as fit does); None where the adapter can count them (the Keras
+            callback, from ``fit``), required elsewhere.
         base_batch_size: the global batch η was tuned for (256 in the paper).
         warmup_epochs: epochs of gradual warmup (0 disables it).
         milestones: epochs, ascending, at which the rate is multiplied by ``gamma``.

@@ -51,7 +51,9 @@ class LinearScalingWarmup(keras.callbacks.Callback):
                  **settings: Unpack[WarmupArguments]) -> None:
         """Args: η (``base_lr``; None: the optimizer's rate when training begins), whether
         to correct the momentum, and the settings of
-        :class:`hvdtrain.warmup.WarmupSettings` (``steps_per_epoch`` None: fit's)."""
+        :class:`hvdtrain.warmup.WarmupSettings`. Here ``steps_per_epoch`` counts fit's
+        steps, the batches (micro-batches with accumulation), as fit does; None: fit's
+        own count."""
         super().__init__()
         self.settings = WarmupSettings.of(**settings)
         if base_lr is not None:
