@@ -4,12 +4,14 @@ A module whose public name changed sets ``__getattr__ = renamed_attributes(__nam
 {"old": "new"})``; a function whose keyword changed calls :func:`renamed_keyword`.
 
 >>> import warnings
->>> namespace = {"new_name": 42}
->>> getattr_ = renamed_attributes("example", {"old_name": "new_name"}, namespace)
+>>> from hvdtrain import consistency
 >>> with warnings.catch_warnings(record=True) as caught:
 ...     warnings.simplefilter("always")
-...     getattr_("old_name"), str(caught[0].message)
-(42, 'example.old_name is now example.new_name; the old name will be removed')
+...     consistency.first_disagreement is consistency.first_fact_difference
+True
+>>> str(caught[0].message).startswith("hvdtrain.consistency.first_disagreement is now "
+...                                    "hvdtrain.consistency.first_fact_difference;")
+True
 """
 
 from __future__ import annotations
@@ -20,11 +22,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 
-def renamed_attributes(module: str, renames: Mapping[str, str],
-                       namespace: Mapping[str, Any] | None = None) -> Callable[[str], Any]:
-    """A module ``__getattr__`` that answers each old name of ``renames`` with the new
-    name's value, warning; ``namespace``: where the new names live (default: the
-    module's own globals)."""
+def renamed_attributes(module: str, renames: Mapping[str, str]) -> Callable[[str], Any]:
+    """A ``__getattr__`` for the module named ``module`` that answers each old name of
+    ``renames`` with the new name's value, warning."""
 
     def __getattr__(name: str) -> Any:
         if name not in renames:
@@ -32,8 +32,7 @@ def renamed_attributes(module: str, renames: Mapping[str, str],
         new = renames[name]
         warnings.warn(f"{module}.{name} is now {module}.{new}; the old name will be removed",
                       DeprecationWarning, stacklevel=2)
-        found = namespace if namespace is not None else vars(sys.modules[module])
-        return found[new]
+        return getattr(sys.modules[module], new)
 
     return __getattr__
 

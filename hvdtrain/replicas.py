@@ -54,7 +54,7 @@ def fingerprint(named_arrays: Mapping[str, np.ndarray] | Iterable[tuple[str, np.
 
 
 def first_checksum_difference(by_rank: Sequence[Checksums],
-                   labels: Mapping[str, str] | None = None) -> str | None:
+                              labels: Mapping[str, str] | None = None) -> str | None:
     """None when every rank's checksums equal rank 0's, else what differs and where.
 
     ``labels`` (optional) describes names on this rank, for names that are only

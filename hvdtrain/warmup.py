@@ -35,7 +35,7 @@ from hvdtrain.schedule import (
     DEFAULT_WARMUP_EPOCHS,
     LinearScalingSchedule,
 )
-from hvdtrain.validation import require_positive_int, require_same_world_size
+from hvdtrain.validation import require_same_world_size
 
 WHERE = "LinearScalingWarmup"
 # The agreement's collective name, the same in every adapter.
@@ -89,11 +89,9 @@ class WarmupSettings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "milestones", tuple(self.milestones))
-        for name in ("steps_per_epoch", "backward_passes_per_step", "world_size"):
-            if getattr(self, name) is not None:
-                require_positive_int(name, getattr(self, name))
-        self.schedule(base_lr=1.0, world_size=self.world_size or 1,
-                      steps_per_epoch=self.steps_per_epoch or 1)  # validates the rest
+        # The schedule validates every setting; 1 stands in for those not known yet.
+        self.schedule(base_lr=1.0, world_size=1 if self.world_size is None else self.world_size,
+                      steps_per_epoch=self.steps_per_epoch)
 
     @classmethod
     def of(cls, **arguments: Any) -> WarmupSettings:
@@ -142,13 +140,17 @@ class WarmupSettings:
     def schedule(self, base_lr: float, world_size: int, steps_per_epoch: int | None = None,
                  passes: int | None = None) -> LinearScalingSchedule:
         """The rule for η = ``base_lr`` on ``world_size`` workers; ``steps_per_epoch`` and
-        ``passes`` where the adapter counted them, else the settings' own."""
+        ``passes`` where the adapter counted them, else the settings' own (1 where those
+        are not known yet)."""
+        if steps_per_epoch is None:
+            steps_per_epoch = 1 if self.steps_per_epoch is None else self.steps_per_epoch
+        if passes is None:
+            passes = 1 if self.backward_passes_per_step is None else self.backward_passes_per_step
         return LinearScalingSchedule(
             base_lr=base_lr, batch_size_per_worker=self.batch_size_per_worker,
-            world_size=world_size, steps_per_epoch=steps_per_epoch or self.steps_per_epoch,
+            world_size=world_size, steps_per_epoch=steps_per_epoch,
             base_batch_size=self.base_batch_size, warmup_epochs=self.warmup_epochs,
-            milestones=self.milestones, gamma=self.gamma,
-            backward_passes_per_step=passes or self.backward_passes_per_step or 1)
+            milestones=self.milestones, gamma=self.gamma, backward_passes_per_step=passes)
 
 
 def check_warmup_agreement(collective: Collective, schedule: LinearScalingSchedule,
