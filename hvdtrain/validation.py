@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-COMPRESSIONS = (None, "fp16", "bf16")
+from hvdtrain.gradients import wire_format
 
 
 def is_finite_number(value: object) -> bool:
@@ -67,6 +67,6 @@ def require_instance(name: str, value: Any, expected: type | tuple[type, ...],
 
 
 def require_compression(compression: object) -> None:
-    """Raise ValueError unless ``compression`` is one of :data:`COMPRESSIONS`."""
-    if compression not in COMPRESSIONS:
-        raise ValueError(f"compression must be None, 'fp16' or 'bf16', got {compression!r}")
+    """Raise ValueError unless ``compression`` names one of
+    :data:`hvdtrain.gradients.WIRE_FORMATS`."""
+    wire_format(compression)

@@ -1,4 +1,4 @@
-// hvdtrain._tf_packing: two TensorFlow ops, the Keras adapter's counterpart of
+// hvdtrain._tf_packing: three TensorFlow ops, the Keras adapter's counterpart of
 // packing.c (hvdtrain/adapters/keras/tally.py loads them; without them the adapter
 // uses Horovod's grouped allreduce and reads the averaged gradients once more).
 //
@@ -8,6 +8,9 @@
 // buffer and, when the reduced bound is not finite, reads them to decide, failing with
 // hvdtrain's message. Each gradient starts at a multiple of kAlign elements (the gap
 // is zeros), so every view is as aligned as TensorFlow's own buffers.
+// HvdtrainRequireFinite is the check of gradients that do not travel in that buffer
+// (fp16 or bf16 on the wire, mixed dtypes): the same message, as a graph assertion
+// would give it but unescaped.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -18,6 +21,7 @@
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/framework/types.h"
 
 namespace hvdtrain {
 
@@ -30,7 +34,13 @@ using ::tensorflow::TensorShape;
 namespace shape_inference = ::tensorflow::shape_inference;
 
 constexpr int64_t kAlign = 16;  // elements: 64 bytes or more, TensorFlow's alignment
-constexpr int64_t kTally = 2;   // 1 (the rank's count), then the L2 norm
+// The tally's layout is hvdtrain.gradients' (TALLY, COUNT, BOUND); setup.py defines it.
+#if !defined(HVDTRAIN_TALLY) || !defined(HVDTRAIN_TALLY_COUNT) || !defined(HVDTRAIN_TALLY_BOUND)
+#error "build through setup.py, which defines the tally's layout from hvdtrain/gradients.py"
+#endif
+constexpr int64_t kTally = HVDTRAIN_TALLY;
+constexpr int64_t kCount = HVDTRAIN_TALLY_COUNT;  // the rank's 1
+constexpr int64_t kBound = HVDTRAIN_TALLY_BOUND;  // the L2 norm of its gradients
 constexpr int kLanes = 16;      // independent partial sums: lets the compiler vectorise
 
 int64_t Aligned(int64_t count) { return (count + kAlign - 1) / kAlign * kAlign; }
@@ -108,10 +118,10 @@ class PackWithTallyOp : public OpKernel {
       std::memset(target + offset + count, 0, (Aligned(count) - count) * sizeof(T));
       offset += Aligned(count);
     }
-    target[offset] = 1;
+    target[offset + kCount] = 1;
     // NaN and infinity stay what they are; a finite sum too large for T becomes
     // infinity, and the check then reads the gradients themselves.
-    target[offset + 1] = bound_ ? static_cast<T>(std::sqrt(square_sum))
+    target[offset + kBound] = bound_ ? static_cast<T>(std::sqrt(square_sum))
                                 : std::numeric_limits<T>::infinity();
   }
 
@@ -135,16 +145,28 @@ bool AllFinite(const T* values, int64_t count) {
   return total == 0;
 }
 
+// `message` with its "{step}" replaced by the value of `step`.
+std::string StepMessage(const std::string& message, const Tensor& step) {
+  std::string text = message;
+  const std::string placeholder = "{step}";
+  const size_t at = text.find(placeholder);
+  if (at != std::string::npos) {
+    text.replace(at, placeholder.size(), std::to_string(step.scalar<int64_t>()()));
+  }
+  return text;
+}
+
 REGISTER_OP("HvdtrainUnpackChecked")
     .Input("flat: T")
     .Input("step: int64")
+    .Input("limit: T")
     .Output("gradients: N * T")
     .Output("tally: T")
     .Attr("N: int >= 1")
     .Attr("T: {float, double}")
     .Attr("shapes: list(shape)")
     .Attr("check: bool")
-    .Attr("message: string")
+    .Attr("messages: list(string)")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       std::vector<PartialTensorShape> shapes;
       TF_RETURN_IF_ERROR(c->GetAttr("shapes", &shapes));
@@ -158,8 +180,10 @@ REGISTER_OP("HvdtrainUnpackChecked")
     })
     .Doc(R"doc(
 The gradients of a reduced HvdtrainPackWithTally buffer, shaped as `shapes`, and its
-tally. With check: when the tally's bound is not finite, fails with `message` (its
-"{step}" replaced by `step`) if any gradient holds NaN or Inf.
+tally. With check: unless the tally's bound is below `limit` (which proves every
+gradient finite: hvdtrain.gradients.finite_bound_limit), reads the gradients and fails
+with the message of the first that holds NaN or Inf (`messages`, one per gradient, its
+"{step}" replaced by `step`).
 )doc");
 
 template <typename T>
@@ -176,7 +200,11 @@ class UnpackCheckedOp : public OpKernel {
       shapes_.push_back(full);
     }
     OP_REQUIRES_OK(context, context->GetAttr("check", &check_));
-    OP_REQUIRES_OK(context, context->GetAttr("message", &message_));
+    OP_REQUIRES_OK(context, context->GetAttr("messages", &messages_));
+    OP_REQUIRES(context, messages_.size() == shapes_.size(),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "HvdtrainUnpackChecked: ", messages_.size(), " messages for ",
+                    shapes_.size(), " gradients")));
   }
 
   void Compute(OpKernelContext* context) override {
@@ -189,14 +217,17 @@ class UnpackCheckedOp : public OpKernel {
                     " elements, the shapes need ", size)));
     const T* values = flat.flat<T>().data();
     const int64_t end = size - kTally;
-    if (check_ && !std::isfinite(values[end + 1])) {
+    const T limit = context->input(2).scalar<T>()();
+    // NaN and infinity are never below the limit.
+    if (check_ && !(std::abs(values[end + kBound]) < limit)) {
       int64_t offset = 0;
-      for (const TensorShape& shape : shapes_) {
-        if (!AllFinite(values + offset, shape.num_elements())) {
-          context->CtxFailure(absl::InvalidArgumentError(StepMessage(context->input(1))));
+      for (size_t i = 0; i < shapes_.size(); ++i) {
+        if (!AllFinite(values + offset, shapes_[i].num_elements())) {
+          context->CtxFailure(
+              absl::InvalidArgumentError(StepMessage(messages_[i], context->input(1))));
           return;
         }
-        offset += Aligned(shape.num_elements());
+        offset += Aligned(shapes_[i].num_elements());
       }
     }
     int64_t offset = 0;
@@ -227,20 +258,78 @@ class UnpackCheckedOp : public OpKernel {
     }
   }
 
-  std::string StepMessage(const Tensor& step) const {
-    std::string text = message_;
-    const std::string placeholder = "{step}";
-    const size_t at = text.find(placeholder);
-    if (at != std::string::npos) {
-      text.replace(at, placeholder.size(), std::to_string(step.scalar<int64_t>()()));
-    }
-    return text;
-  }
-
   std::vector<TensorShape> shapes_;
   bool check_;
-  std::string message_;
+  std::vector<std::string> messages_;
 };
+
+REGISTER_OP("HvdtrainRequireFinite")
+    .Input("tensors: T")
+    .Input("step: int64")
+    .Output("checked: T")
+    .Attr("T: list({half, bfloat16, float, double})")
+    .Attr("messages: list(string)")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->input(i));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+The tensors, unchanged (the same buffers), once each is checked to hold no NaN or
+Inf; otherwise fails with the message of the first that does (`messages`, one per
+tensor, its "{step}" replaced by `step`).
+)doc");
+
+template <typename T>
+bool AllFiniteWidened(const T* values, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    if (!std::isfinite(static_cast<float>(values[i]))) return false;
+  }
+  return true;
+}
+
+class RequireFiniteOp : public OpKernel {
+ public:
+  explicit RequireFiniteOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("messages", &messages_));
+  }
+
+  void Compute(OpKernelContext* context) override {
+    const int count = context->num_inputs() - 1;
+    OP_REQUIRES(context, static_cast<int>(messages_.size()) == count,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "HvdtrainRequireFinite: ", messages_.size(), " messages for ", count,
+                    " tensors")));
+    for (int i = 0; i < count; ++i) {
+      const Tensor& tensor = context->input(i);
+      if (!Finite(tensor)) {
+        context->CtxFailure(absl::InvalidArgumentError(
+            StepMessage(messages_[i], context->input(count))));
+        return;
+      }
+    }
+    for (int i = 0; i < count; ++i) context->set_output(i, context->input(i));
+  }
+
+ private:
+  static bool Finite(const Tensor& tensor) {
+    const int64_t n = tensor.NumElements();
+    switch (tensor.dtype()) {
+      case ::tensorflow::DT_FLOAT:
+        return AllFinite(tensor.flat<float>().data(), n);
+      case ::tensorflow::DT_DOUBLE:
+        return AllFinite(tensor.flat<double>().data(), n);
+      case ::tensorflow::DT_HALF:
+        return AllFiniteWidened(tensor.flat<Eigen::half>().data(), n);
+      default:  // DT_BFLOAT16, the last the attribute allows
+        return AllFiniteWidened(tensor.flat<::tensorflow::bfloat16>().data(), n);
+    }
+  }
+
+  std::vector<std::string> messages_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("HvdtrainRequireFinite").Device(::tensorflow::DEVICE_CPU),
+                        RequireFiniteOp);
 
 #define HVDTRAIN_REGISTER(T)                                                 \
   REGISTER_KERNEL_BUILDER(Name("HvdtrainPackWithTally")                      \

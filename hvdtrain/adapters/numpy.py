@@ -33,6 +33,7 @@ import numpy as np
 from hvdtrain import runtime, watchdog
 from hvdtrain.collective import Collective, require_initialized
 from hvdtrain.consistency import RankDisagreementError, check_ranks_agree, software_versions
+from hvdtrain.gradients import step_observers
 from hvdtrain.nonfinite import PLAIN_REMEDY, NonFiniteGradientError, nonfinite_gradient_message
 from hvdtrain.replicas import ReplicaMismatchError, checksums, verify_checksums
 from hvdtrain.runtime import announce_single_worker, launcher_size
@@ -227,7 +228,11 @@ class DistributedSGD:
         for i, (g, p) in enumerate(zip(grads, self.params, strict=True)):
             if np.shape(g) != p.shape:
                 raise ValueError(f"grads[{i}] has shape {np.shape(g)}, its parameter {p.shape}")
+        if step_observers:
+            step_observers.reduction_started(self.steps_taken)
         averaged = self._averaged(grads)
+        if step_observers:
+            step_observers.reduction_finished(self.steps_taken)
         step, self.steps_taken = self.steps_taken, self.steps_taken + 1
         for i, g in enumerate(averaged):
             if not np.isfinite(g).all():
@@ -239,6 +244,8 @@ class DistributedSGD:
                 v += g
                 g = v
             p -= self.lr * g
+        if step_observers:
+            step_observers.step_finished(step, applied=True)
 
     def _averaged(self, grads: Sequence[np.ndarray]) -> list[np.ndarray]:
         flat = np.concatenate([np.asarray(g, dtype=self._wire_dtype).reshape(-1) for g in grads])

@@ -174,8 +174,11 @@ class DistributedGradientTape:
         step = None
         if self.check_nonfinite:
             step = self.optimizer.iterations if self.optimizer is not None else "(unknown)"
+        names = [getattr(v, "path", None) or getattr(v, "name", None) or f"sources[{i}]"
+                 for i, v in enumerate(tf.nest.flatten(sources))]
         averaged = reduction.average_gradients(flat, self.compression, self.op,
-                                                 check_step=step, remedy=TAPE_REMEDY)
+                                                 check_step=step, remedy=TAPE_REMEDY,
+                                                 names=names)
         return tf.nest.pack_sequence_as(grads, averaged)
 
 

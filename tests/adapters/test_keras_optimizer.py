@@ -105,6 +105,53 @@ def test_a_nonfinite_gradient_stops_fit_on_every_rank_naming_the_step(keras_run)
         assert "NaN or Inf at optimizer step 1 (counting from 0)" in report["nonfinite"]
 
 
+NONFINITE_ERRORS = {"keras_run": "InvalidArgumentError",  # a graph assertion, fit's too
+                    "keras_torch_run": "NonFiniteGradientError"}
+
+
+NONFINITE_CASES = pytest.mark.parametrize(("case", "raises"), [
+    ("small", False),
+    ("overflow", True),  # finite on each rank, Inf once summed
+    ("cancel", False),  # huge on each rank, 0 on average
+    ("one_large", False),  # close to overflow, and finite: applied
+    ("nan", True),
+    ("fp16_overflow", True),  # each rank's value fits float16, their sum does not
+])
+
+
+@NONFINITE_CASES
+def test_the_nonfinite_policies_act_exactly_when_the_average_is_not_finite(
+        keras_run, case, raises):
+    """The torch optimizer's cases (test_torch_optimizer.py) on Keras's TensorFlow
+    backend: "raise" stops every rank with hvdtrain's message naming the variable,
+    "skip" skips the update on every rank, and both leave alone what is finite."""
+    check_nonfinite_edges(keras_run, "keras_run", case, raises)
+
+
+@NONFINITE_CASES
+def test_the_nonfinite_policies_on_the_torch_backend(keras_torch_run, case, raises):
+    check_nonfinite_edges(keras_torch_run, "keras_torch_run", case, raises)
+
+
+def check_nonfinite_edges(run, backend_run: str, case: str, raises: bool) -> None:
+    rank0, rank1 = (report["outcomes"][case] for report in run.both("nonfinite_edges"))
+    for outcome in (rank0, rank1):
+        assert outcome["finite"] is not raises, outcome
+        if raises:
+            assert outcome["error"]["type"] == NONFINITE_ERRORS[backend_run], outcome
+            assert "the worker-averaged gradient of 'weight' holds NaN or Inf at optimizer " \
+                   "step 0" in outcome["error"]["message"], outcome
+        else:
+            assert outcome["error"] is None, outcome
+        assert outcome["skipped"] == int(raises), outcome
+        assert outcome["applied_despite_skip"] is not raises, outcome
+    expected = {"small": -0.5, "cancel": 0.0,
+                "one_large": (0.75 * float(np.finfo(np.float32).max) + 1.0) / 2}
+    if case in expected:
+        assert rank0["averaged"] == pytest.approx(expected[case], rel=1e-6)
+    assert rank0["averaged"] == rank1["averaged"] or case == "nan"
+
+
 def test_skip_nonfinite_skips_the_update_on_every_rank(keras_run):
     for report in keras_run.both("failures"):
         assert report["skipped"] == 1  # one batch held rank 1's NaN row

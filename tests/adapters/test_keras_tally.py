@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 from hvdtrain.adapters.keras import tally
+from hvdtrain.gradients import TALLY
 
 MESSAGE = "hvdtrain: bad gradient at optimizer step {step} (counting from 0)"
 
@@ -50,7 +51,7 @@ def test_pack_aligns_each_gradient_and_ends_with_the_count_and_the_norm():
         padded = -(-array.size // 16) * 16
         assert not flat[offset + array.size:offset + padded].any()
         offset += padded
-    assert flat.size == offset + tally.TALLY
+    assert flat.size == offset + TALLY
     assert flat[offset] == 1.0
     norm = np.sqrt(sum(float(np.sum(a.astype("float64") ** 2)) for a in arrays))
     assert flat[offset + 1] == pytest.approx(norm, rel=1e-6)

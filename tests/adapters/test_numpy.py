@@ -69,6 +69,15 @@ def test_distributed_sgd_equals_one_process_on_the_concatenated_batch(run):
     assert run.both("sgd")[0]["lrs"] == [plan.lr_at(step) for step in range(STEPS)]
 
 
+def test_step_observers_hear_every_step(run):
+    """hvdtrain.gradients' observers hear each reduction and each applied step."""
+    for report in run.both("sgd"):
+        assert report["events"] == [
+            event for step in range(STEPS) for event in (
+                ["reduction_started", step], ["reduction_finished", step],
+                ["step_finished", step, True])]
+
+
 def test_verify_replicas_names_the_rank_and_array(run):
     for report in run.both("verify"):
         assert "rank(s) [1]" in report["message"] and "array[1]" in report["message"]

@@ -92,6 +92,14 @@ def test_nonfinite_step_is_skipped_on_every_rank(torch_run):
     assert rank0["skipped"] == rank1["skipped"] == 1
 
 
+def test_step_observers_hear_each_reduction_and_whether_the_step_was_applied(torch_run):
+    for report in torch_run.both("skip_nonfinite"):
+        assert report["events"] == [
+            event for step in range(3) for event in (
+                ["reduction_started", step], ["reduction_finished", step],
+                ["step_finished", step, step != 1])]
+
+
 @pytest.mark.parametrize(("case", "raises"), [
     ("small", False),
     ("overflow", True),  # finite on each rank, Inf once summed

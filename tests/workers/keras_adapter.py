@@ -533,6 +533,61 @@ def scenario_accumulate_nonfinite() -> None:
     save("accumulate_nonfinite", model)
 
 
+# One gradient element per case, set on each rank (rank 0's value, rank 1's value, the
+# compression); the same cases as tests/workers/torch_adapter.py's nonfinite_edges.
+LARGE = 0.75 * float(np.finfo(np.float32).max)
+NONFINITE_EDGES = {
+    "small": (1.0, -2.0, None), "overflow": (LARGE, LARGE, None),
+    "cancel": (LARGE, -LARGE, None), "one_large": (LARGE, 1.0, None),
+    "nan": (0.0, float("nan"), None), "fp16_overflow": (6e4, 6e4, "fp16"),
+}
+
+
+def scenario_nonfinite_edges() -> None:
+    """Each case applied by a distributed SGD(1.0) under each non-finite policy (the
+    update inside a tf.function on TensorFlow, as fit runs it; eagerly on torch):
+    "ignore" shows what the averaged gradient was (the variable's new value, negated),
+    "raise" whether training stopped and with which message, "skip" whether the update
+    was skipped."""
+    use_floatx("float32")
+    outcomes = {}
+    for case, (*values, compression) in NONFINITE_EDGES.items():
+        outcome = {}
+        for policy in ("ignore", "raise", "skip"):
+            weight = keras.Variable(np.zeros((2, 3), "float32"), name="weight")
+            bias = keras.Variable(np.zeros(2, "float32"), name="bias")
+            optimizer = hvk.DistributedOptimizer(
+                keras.optimizers.SGD(1.0), compression=compression,
+                skip_nonfinite=policy == "skip", check_nonfinite=policy != "ignore")
+            optimizer.build([weight, bias])
+            gradient = np.ones((2, 3), "float32")
+            gradient[1, 2] = values[hvk.rank()]
+            grads = [keras.ops.convert_to_tensor(gradient),
+                     keras.ops.convert_to_tensor(np.ones(2, "float32"))]
+            apply = functools.partial(optimizer.apply, grads, [weight, bias])
+            if TENSORFLOW:
+                import tensorflow as tf
+
+                apply = tf.function(lambda step=apply: step())  # the variables captured
+            try:
+                apply()
+                error = None
+            except Exception as failure:  # InvalidArgumentError (TF), NonFiniteGradientError
+                error = {"type": type(failure).__name__,
+                         "message": getattr(failure, "message", None) or str(failure)}
+            updated = keras.ops.convert_to_numpy(weight)
+            if policy == "ignore":
+                outcome["averaged"] = -float(updated[1, 2])
+            elif policy == "raise":
+                outcome["error"] = error
+            else:
+                outcome["skipped"] = int(keras.ops.convert_to_numpy(optimizer.skipped_steps))
+                outcome["applied_despite_skip"] = bool(updated[0, 0] != 0.0)  # its gradient: 1
+        outcome["finite"] = bool(np.isfinite(outcome["averaged"]))
+        outcomes[case] = outcome
+    report("nonfinite_edges", outcomes=outcomes)
+
+
 def scenario_custom_loop_checks() -> None:
     """DistributedGradientTape's non-finite check (rank 1's batch holds a NaN), and
     micro-batch accumulation in a custom loop through DistributedOptimizer."""
@@ -632,6 +687,7 @@ def main() -> None:
         "sync_batch_norm": scenario_sync_batch_norm,
         "join_uneven": scenario_join_uneven,
         "join_twice": scenario_join_twice,
+        "nonfinite_edges": scenario_nonfinite_edges,
     }
     if TENSORFLOW:
         scenarios.update({

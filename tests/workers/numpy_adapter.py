@@ -10,8 +10,10 @@ from pathlib import Path
 
 import numpy as np
 from numpy_common import STEPS, gradients, make_data, make_weights, rows
+from scenarios import EventRecorder
 
 import hvdtrain.adapters.numpy as hvn
+from hvdtrain.gradients import step_observers
 
 OUT = Path(sys.argv[1])
 
@@ -64,15 +66,17 @@ def scenario_sgd() -> None:
     optimizer = hvn.DistributedSGD(weights, lr=0.1, momentum=0.9)
     scheduler = hvn.LinearScalingWarmup(optimizer, batch_size_per_worker=4, steps_per_epoch=5,
                                         base_batch_size=4, warmup_epochs=2)
-    lrs = []
+    lrs, events = [], []
+    stop_observing = step_observers.add(EventRecorder(events))
     for step in range(STEPS):
         lrs.append(optimizer.lr)
         part = rows(step, hvn.rank())
         optimizer.step(gradients(weights, x[part], y[part]))
         scheduler.step()
+    stop_observing()
     hvn.verify_replicas(weights)
     np.savez(OUT / f"sgd-rank{hvn.rank()}.npz", *weights)
-    report("sgd", lrs=lrs)
+    report("sgd", lrs=lrs, events=events)
 
     if hvn.rank() == 1:
         weights[1][0] += 1e-15

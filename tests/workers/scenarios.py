@@ -49,3 +49,19 @@ def run_scenarios(rank: Callable[[], int], scenarios: dict[str, Callable[[], Non
             scenario()
         except Exception:
             report(rank(), name, failed=traceback.format_exc())
+
+
+class EventRecorder:
+    """A step observer (hvdtrain.gradients.StepObserver) appending what it hears."""
+
+    def __init__(self, events):
+        self.events = events
+
+    def reduction_started(self, step):
+        self.events.append(["reduction_started", step])
+
+    def reduction_finished(self, step):
+        self.events.append(["reduction_finished", step])
+
+    def step_finished(self, step, applied):
+        self.events.append(["step_finished", step, applied])

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import horovod
 import torch
+from scenarios import EventRecorder, run_scenarios
 from scenarios import report as report_for_rank
-from scenarios import run_scenarios
 from torch_common import (
     STEPS,
     STEPS_PER_EPOCH,
@@ -29,6 +29,7 @@ from torch_common import (
 
 import hvdtrain.adapters.torch as hvt
 from hvdtrain import horovod_patches
+from hvdtrain.gradients import step_observers
 
 OUT = Path(sys.argv[1])
 
@@ -173,6 +174,8 @@ def scenario_skip_nonfinite() -> None:
     optimizer = hvt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                          model.named_parameters(), skip_nonfinite=True)
     sums = []
+    events = []
+    stop_observing = step_observers.add(EventRecorder(events))
     for step in range(3):
         optimizer.zero_grad()
         loss = loss_fn(model, x[rows(step, 0, hvt.rank(), 1)], y[rows(step, 0, hvt.rank(), 1)])
@@ -181,7 +184,9 @@ def scenario_skip_nonfinite() -> None:
         loss.backward()
         optimizer.step()
         sums.append(checksum(model))
-    report("skip_nonfinite", checksums=sums, skipped=optimizer.skipped_steps)
+    stop_observing()
+    report("skip_nonfinite", checksums=sums, skipped=optimizer.skipped_steps,
+           events=events)
 
 
 def scenario_nonfinite_edges() -> None:

@@ -22,20 +22,13 @@ from hvdtrain.adapters.keras.reduction import (
     finite_on_every_rank,
     require_finite,
 )
+from hvdtrain.gradients import NonFinitePolicy
 from hvdtrain.nonfinite import SKIP_REMEDY
 from hvdtrain.validation import require_compression, require_positive_number
 
 NO_LOSS_SCALED_ACCUMULATION = ("backward_passes_per_step > 1 is not supported with loss "
                                "scaling (mixed_float16); accumulate in float32, or use "
                                "mixed_bfloat16")
-
-
-def on_nonfinite(skip_nonfinite: bool, check_nonfinite: bool) -> str:
-    """What a distributed class does with an averaged gradient holding NaN or Inf
-    (``distributed_class``'s ``on_nonfinite``); skipping implies checking."""
-    if skip_nonfinite:
-        return "skip"
-    return "raise" if check_nonfinite else "ignore"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,13 +42,13 @@ class Reduction:
     process_set: Any = None
 
     def apply(self, grads: list[Any], check_step: Any = None,
-              remedy: str = SKIP_REMEDY) -> list[Any]:
+              remedy: str = SKIP_REMEDY, names: list[str] | None = None) -> list[Any]:
         """``grads`` reduced (:func:`.reduction.average_gradients`, which also takes
-        ``check_step`` and ``remedy``)."""
+        ``check_step``, ``remedy`` and ``names``)."""
         return average_gradients(
             grads, self.compression, self.op, prescale=self.prescale,
             postscale=self.postscale, process_set=self.process_set, check_step=check_step,
-            remedy=remedy)
+            remedy=remedy, names=names)
 
 
 def checked_reduction(compression: Any, op: Any, predivide: float, process_set: Any,
@@ -125,19 +118,20 @@ def _name_like(cls: type, base: type) -> None:
 
 
 @functools.cache
-def distributed_class(base: type, reduction: Reduction, on_nonfinite: str,
+def distributed_class(base: type, reduction: Reduction, on_nonfinite: NonFinitePolicy,
                        remedy: str = SKIP_REMEDY) -> type:
     """A subclass of ``base`` that averages gradients just before clipping and the update.
 
     Keras 3 calls ``_clip_gradients`` once per optimizer update, with the final
     gradients (:mod:`hvdtrain.adapters.keras._internals`), so the allreduce runs once
     per update and clipping sees the worker-averaged gradient. An averaged gradient
-    holding NaN or Inf: ``on_nonfinite="raise"`` stops training on every rank;
-    ``"skip"`` runs the weight decay and the update only when it is finite on every
-    rank, counting skipped updates in ``skipped_steps``; ``"ignore"`` applies it.
-    ``remedy`` ends the error's message.
+    holding NaN or Inf (:class:`hvdtrain.gradients.NonFinitePolicy`): ``RAISE`` stops
+    training on every rank, with a message naming the variable and ending with
+    ``remedy``; ``SKIP`` runs the weight decay and the update only when it is finite on
+    every rank, counting skipped updates in ``skipped_steps``; ``IGNORE`` applies it.
     """
-    skip_nonfinite = on_nonfinite == "skip"
+    on_nonfinite = NonFinitePolicy(on_nonfinite)
+    skip_nonfinite = on_nonfinite.skips
 
     class Distributed(base):
         def register_local_var(self, var: Any) -> None:
@@ -146,24 +140,25 @@ def distributed_class(base: type, reduction: Reduction, on_nonfinite: str,
             self._hvdtrain_local = getattr(self, "_hvdtrain_local", frozenset()) | {id(var)}
 
         def _backend_apply_gradients(self, grads, trainable_variables):
-            if getattr(self, "_hvdtrain_local", None):
-                # What _clip_gradients' grads are of, for telling the local ones apart.
-                # Set past Keras's attribute tracking, which would count the model's
-                # variables as the optimizer's (and saved optimizer state would no
-                # longer load).
-                object.__setattr__(self, "_hvdtrain_variables", list(trainable_variables))
+            # What _clip_gradients' grads are of: their names for the non-finite error,
+            # and which are local. Set past Keras's attribute tracking, which would count
+            # the model's variables as the optimizer's (and saved optimizer state would
+            # no longer load).
+            object.__setattr__(self, "_hvdtrain_variables", list(trainable_variables))
             return super()._backend_apply_gradients(grads, trainable_variables)
 
         def _clip_gradients(self, grads):
-            averaged = self._reduce(grads, self.iterations if on_nonfinite == "raise" else None)
+            raises = on_nonfinite is NonFinitePolicy.RAISE
+            averaged = self._reduce(grads, self.iterations if raises else None)
             if skip_nonfinite:
                 self._hvdtrain_update = finite_on_every_rank(averaged)
             return super()._clip_gradients(averaged)
 
         def _reduce(self, grads, check_step):
             local = getattr(self, "_hvdtrain_local", None)
+            names = _variable_names(getattr(self, "_hvdtrain_variables", None), len(grads))
             if not local:
-                return reduction.apply(grads, check_step, remedy)
+                return reduction.apply(grads, check_step, remedy, names)
             is_local = [id(v) in local for v in self._hvdtrain_variables]
             shared = reduction.apply([None if mine else g
                                       for g, mine in zip(grads, is_local, strict=True)])
@@ -172,7 +167,7 @@ def distributed_class(base: type, reduction: Reduction, on_nonfinite: str,
                        for g, averaged, mine in zip(grads, shared, is_local, strict=True)]
             if check_step is None:
                 return reduced
-            return require_finite(reduced, check_step, remedy)
+            return require_finite(reduced, check_step, remedy, names)
 
         def _apply_weight_decay(self, variables):
             parent = super()._apply_weight_decay
@@ -200,3 +195,11 @@ def distributed_class(base: type, reduction: Reduction, on_nonfinite: str,
     Distributed._hvdtrain_reduction = reduction
     _name_like(Distributed, base)
     return Distributed
+
+
+def _variable_names(variables: list[Any] | None, count: int) -> list[str] | None:
+    """The names of the ``count`` gradients' variables (Keras's ``path``), or None when
+    they are not known (the update did not come through ``apply``)."""
+    if variables is None or len(variables) != count:
+        return None
+    return [getattr(v, "path", None) or v.name for v in variables]

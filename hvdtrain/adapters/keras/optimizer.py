@@ -17,9 +17,9 @@ from hvdtrain.adapters.keras.distributed_classes import (
     distributed_loss_scale,
     is_distributed,
     loss_scale_class,
-    on_nonfinite,
     reduction_of,
 )
+from hvdtrain.gradients import NonFinitePolicy
 from hvdtrain.nonfinite import TAPE_REMEDY
 from hvdtrain.validation import (
     require_instance,
@@ -131,8 +131,8 @@ def DistributedOptimizer(
                 f"the optimizer already has gradient_accumulation_steps={configured}, which "
                 f"contradicts backward_passes_per_step={backward_passes_per_step}; give one")
         config["gradient_accumulation_steps"] = backward_passes_per_step
-    return distributed_class(type(optimizer), reduction,
-                              on_nonfinite(skip_nonfinite, check_nonfinite)).from_config(config)
+    policy = NonFinitePolicy.of(skip_nonfinite, check_nonfinite)
+    return distributed_class(type(optimizer), reduction, policy).from_config(config)
 
 
 def PartialDistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None = None,
@@ -178,7 +178,7 @@ def make_distributed(optimizer: keras.optimizers.Optimizer, *, compression: Any 
         optimizer.__class__ = loss_scale_class(type(optimizer), reduction)
     else:
         optimizer.__class__ = distributed_class(
-            type(optimizer), reduction, on_nonfinite(skip_nonfinite, check_nonfinite))
+            type(optimizer), reduction, NonFinitePolicy.of(skip_nonfinite, check_nonfinite))
 
 
 def accumulate_across_workers(optimizer: keras.optimizers.Optimizer, passes: int, *,
@@ -221,7 +221,7 @@ def accumulate_across_workers(optimizer: keras.optimizers.Optimizer, passes: int
     existing = reduction_of(optimizer)
     if existing is None:
         optimizer.__class__ = distributed_class(
-            type(optimizer), reduction, on_nonfinite(False, check_nonfinite), TAPE_REMEDY)
+            type(optimizer), reduction, NonFinitePolicy.of(False, check_nonfinite), TAPE_REMEDY)
     elif (existing.compression, existing.op) != (reduction.compression, reduction.op):
         raise ValueError(
             f"the optimizer already reduces its gradients (compression="

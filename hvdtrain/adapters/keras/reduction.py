@@ -18,6 +18,13 @@ from keras import ops
 
 from hvdtrain.adapters.keras import tally
 from hvdtrain.adapters.keras.backend import UNSCOPED, horovod
+from hvdtrain.gradients import (
+    COUNT,
+    any_rank,
+    finite_bound_limit,
+    joined_rescale,
+    some_ranks_joined,
+)
 from hvdtrain.nonfinite import SKIP_REMEDY, NonFiniteGradientError, nonfinite_gradient_message
 
 # Where the non-finite error shows the optimizer step (a tensor known only at run time);
@@ -35,7 +42,8 @@ def check_op(op: Any) -> None:
 def average_gradients(grads: Sequence[Any], compression: str | None, op: Any, *,
                       prescale: float = 1.0, postscale: float = 1.0,
                       process_set: Any = None, check_step: Any = None,
-                      remedy: str = SKIP_REMEDY) -> list[Any]:
+                      remedy: str = SKIP_REMEDY, names: Sequence[str] | None = None
+                      ) -> list[Any]:
     """Reduce every non-None gradient across workers in one collective.
 
     Without compression, float32 or float64 gradients (all of one dtype) on
@@ -56,8 +64,10 @@ def average_gradients(grads: Sequence[Any], compression: str | None, op: Any, *,
             :func:`require_finite` does, if a reduced gradient holds NaN or Inf; in the
             flat buffer this reads one bound instead of every gradient.
         remedy: the advice that ends that error's message.
+        names: the name of each gradient's variable, for that message.
     """
     present = [i for i, g in enumerate(grads) if g is not None]
+    named = None if names is None else [names[i] for i in present]
     if not present:
         return list(grads)
     tensors = [dense(grads[i]) for i in present]
@@ -72,7 +82,7 @@ def average_gradients(grads: Sequence[Any], compression: str | None, op: Any, *,
             reduced = [t * postscale for t in reduced]
     elif compression is None and tally.packs(tensors):
         return _placed(grads, present, _flat_reduce(
-            tensors, op, prescale, postscale, within, ranks, check_step, remedy))
+            tensors, op, prescale, postscale, within, ranks, check_step, remedy, named))
     else:
         counted = op == hvd.Average
         if counted:
@@ -85,7 +95,7 @@ def average_gradients(grads: Sequence[Any], compression: str | None, op: Any, *,
             reduced = _over_contributors(reduced[:-1], reduced[-1],
                                          prescale * postscale / ranks, ranks)
     if check_step is not None:
-        reduced = require_finite(reduced, check_step, remedy)
+        reduced = require_finite(reduced, check_step, remedy, named)
     return _placed(grads, present, reduced)
 
 
@@ -99,25 +109,26 @@ def _placed(grads: Sequence[Any], present: list[int], reduced: list[Any]) -> lis
 
 def _flat_reduce(tensors: list[Any], op: Any, prescale: float, postscale: float,
                  within: dict[str, Any], ranks: int, check_step: Any,
-                 remedy: str) -> list[Any]:
+                 remedy: str, names: Sequence[str] | None) -> list[Any]:
     """:func:`average_gradients` through one flat buffer with its tally."""
     hvd = horovod()
     check = check_step is not None
-    message = "hvdtrain: " + nonfinite_gradient_message(_STEP_PLACEHOLDER, remedy=remedy)
-    step_tensor = check_step if check else 0
-    if isinstance(check_step, str):  # the step is unknown: say so in the message
-        message, step_tensor = message.replace(_STEP_PLACEHOLDER, check_step), 0
+    messages, step_tensor = _step_messages(names, len(tensors), check_step if check else 0,
+                                           remedy)
+    # What one rank's 1 becomes in the reduction (and each gradient's unit).
+    unit = prescale * postscale / (ranks if op == hvd.Average else 1)
+    largest = float(np.finfo(tensors[0].dtype.as_numpy_dtype).max)
     flat = tally.pack(tensors, bound=check)
     flat = hvd.allreduce(flat, op=op, prescale_factor=prescale, postscale_factor=postscale,
                          name="hvdtrain.gradients", **within, **UNSCOPED)
-    reduced, numbers = tally.unpack(flat, [t.shape for t in tensors], step_tensor,
-                                    check=check, message=message)
+    reduced, numbers = tally.unpack(
+        flat, [t.shape for t in tensors], step_tensor, check=check, message=messages,
+        limit=finite_bound_limit(largest, prescale=prescale, unit=unit))
     if op != hvd.Average:
         return reduced
-    rechecked = (lambda rescaled: require_finite(rescaled, check_step, remedy)) if check \
-        else None
-    return _over_contributors(reduced, numbers[0], prescale * postscale / ranks, ranks,
-                              rechecked)
+    rechecked = (lambda rescaled: require_finite(rescaled, check_step, remedy, names)) \
+        if check else None
+    return _over_contributors(reduced, numbers[COUNT], unit, ranks, rechecked)
 
 
 def _over_contributors(averaged: list[Any], count: Any, unit: float, ranks: int,
@@ -129,14 +140,13 @@ def _over_contributors(averaged: list[Any], count: Any, unit: float, ranks: int,
     ``rechecked``, when given, is applied to the re-divided gradients (the non-finite
     check of values the flat buffer's bound no longer covers)."""
     contributors = ops.cast(count, "float32") / unit
-    partial = ops.less(contributors, ranks - 0.5)
 
     def rescale() -> list[Any]:
-        factor = ranks / ops.maximum(contributors, 1.0)
+        factor = joined_rescale(contributors, ranks, maximum=ops.maximum)
         rescaled = [g * ops.cast(factor, g.dtype) for g in averaged]
         return rescaled if rechecked is None else rechecked(rescaled)
 
-    return ops.cond(partial, rescale, lambda: list(averaged))
+    return ops.cond(some_ranks_joined(contributors, ranks), rescale, lambda: list(averaged))
 
 
 def all_finite(tensors: Sequence[Any]) -> Any:
@@ -155,36 +165,73 @@ def all_finite(tensors: Sequence[Any]) -> Any:
     return ops.cond(ops.isfinite(total), lambda: ops.convert_to_tensor(True), exact)
 
 
-def require_finite(grads: Sequence[Any], step: Any, remedy: str = SKIP_REMEDY) -> list[Any]:
-    """``grads`` unchanged, after stopping training if any holds a NaN or Inf.
+def require_finite(grads: Sequence[Any], step: Any, remedy: str = SKIP_REMEDY,
+                   names: Sequence[str] | None = None) -> list[Any]:
+    """``grads`` unchanged, after stopping training if any holds a NaN or Inf, with
+    hvdtrain's message naming the step and the first such gradient's variable (from
+    ``names``, one per gradient) and ending with ``remedy``.
 
-    On TensorFlow this is a graph assertion (``InvalidArgumentError`` naming the step);
-    on torch a :class:`hvdtrain.nonfinite.NonFiniteGradientError`. ``remedy`` ends the
-    message.
+    Inside a TensorFlow graph (a ``tf.function``, as in ``fit``) this fails the graph
+    with ``InvalidArgumentError`` (``HvdtrainRequireFinite``; where hvdtrain's ops are
+    not loaded, on a GPU, a graph assertion that does not name the variable); elsewhere
+    (eager, the torch backend) it raises
+    :class:`hvdtrain.nonfinite.NonFiniteGradientError`.
     """
     present = [g for g in grads if g is not None]
-    if keras.backend.backend() == "tensorflow":
+    named = None if names is None else [n for n, g in zip(names, grads, strict=True)
+                                        if g is not None]
+    if _in_tensorflow_graph() and tally.native_ops() is not None:
+        messages, step_tensor = _step_messages(named, len(present), step, remedy)
+        checked = iter(tally.require_finite(present, step_tensor, messages))
+        return [None if g is None else next(checked) for g in grads]
+    if _in_tensorflow_graph():
         import tensorflow as tf
 
-        finite = all_finite(present)
         message = nonfinite_gradient_message(_STEP_PLACEHOLDER, remedy=remedy)
         before, after = message.split(_STEP_PLACEHOLDER)
-        check = tf.debugging.Assert(finite, [f"hvdtrain: {before}", step, after])
+        check = tf.debugging.Assert(all_finite(present), [f"hvdtrain: {before}", step, after])
         with tf.control_dependencies([check]):
             return [None if g is None else tf.identity(g) for g in grads]
     if not bool(all_finite(present)):
-        raise NonFiniteGradientError(nonfinite_gradient_message(int(step), remedy=remedy))
+        parameter = None if not named else next(
+            n for n, g in zip(named, present, strict=True) if not bool(ops.all(ops.isfinite(g))))
+        raise NonFiniteGradientError(nonfinite_gradient_message(
+            step if isinstance(step, str) else int(step), parameter, remedy))
     return list(grads)
 
 
+def _step_messages(names: Sequence[str] | None, count: int, step: Any, remedy: str
+                   ) -> tuple[list[str], Any]:
+    """The non-finite error's message for each of ``count`` gradients (naming its
+    variable when ``names`` are known) with the ``{step}`` that hvdtrain's ops replace,
+    and the step to give them; a step that is text (not known) is written in, and 0
+    given."""
+    messages = ["hvdtrain: " + nonfinite_gradient_message(
+        _STEP_PLACEHOLDER, None if names is None else names[i], remedy) for i in range(count)]
+    if isinstance(step, str):
+        return [m.replace(_STEP_PLACEHOLDER, step) for m in messages], 0
+    return messages, step
+
+
+def _in_tensorflow_graph() -> bool:
+    """Whether this runs on the TensorFlow backend inside a graph (a ``tf.function``),
+    where a failure can only fail the graph."""
+    if keras.backend.backend() != "tensorflow":
+        return False
+    import tensorflow as tf
+
+    return not tf.executing_eagerly()
+
+
 def finite_on_every_rank(grads: Sequence[Any]) -> Any:
-    """A boolean tensor, the same on every rank: no rank sees a NaN or Inf in ``grads``."""
+    """A boolean tensor, the same on every rank: no rank sees a NaN or Inf in ``grads``
+    (:func:`hvdtrain.gradients.any_rank`, the vote every adapter takes)."""
     present = [g for g in grads if g is not None]
-    bad = ops.cast(ops.logical_not(all_finite(present)), "float32")
+    flag = ops.reshape(ops.cast(ops.logical_not(all_finite(present)), "float32"), [1])
     hvd = horovod()
-    total = hvd.allreduce(ops.reshape(bad, [1]), op=hvd.Sum, name="hvdtrain.nonfinite",
-                          **UNSCOPED)
-    return ops.equal(ops.reshape(total, []), 0.0)
+    nonfinite = any_rank(flag, lambda f: hvd.allreduce(f, op=hvd.Sum,
+                                                       name="hvdtrain.nonfinite", **UNSCOPED))
+    return ops.logical_not(ops.reshape(nonfinite, []))
 
 
 def sum_over_ranks(tensor: Any, name: str) -> Any:

@@ -2,11 +2,12 @@
 
 The Keras counterpart of :mod:`hvdtrain.adapters.torch.tally`: float32 (or float64)
 gradients are copied into one buffer (``hvdtrain._tf_packing``'s
-``HvdtrainPackWithTally``), and two numbers follow them: the rank's 1, which the
-reduction turns into the number of ranks that sent gradients, and the L2 norm of its
-gradients, taken in the same pass as the copy. Reduced, the norms bound every element
-of the reduced gradients, so the non-finite check reads one number instead of every
-gradient; only when that bound is not finite does ``HvdtrainUnpackChecked`` read the
+``HvdtrainPackWithTally``), and the tally of :mod:`hvdtrain.gradients` follows them:
+the rank's 1, which the reduction turns into the number of ranks that sent gradients,
+and the L2 norm of its gradients, taken in the same pass as the copy. Reduced, the norms
+bound every element of the reduced gradients, so the non-finite check reads one number
+instead of every gradient; only when that bound is not below
+:func:`hvdtrain.gradients.finite_bound_limit` does ``HvdtrainUnpackChecked`` read the
 gradients to decide.
 
 The ops are built by ``setup.py`` when TensorFlow and a C++ compiler are there
@@ -25,8 +26,10 @@ from types import ModuleType
 from typing import Any
 
 import keras
+import numpy as np
 
-TALLY = 2  # numbers behind the gradients: the count, then the bound
+from hvdtrain.gradients import finite_bound_limit
+
 PACKED_DTYPES = ({"float32"}, {"float64"})
 
 
@@ -74,23 +77,40 @@ def pack(tensors: Sequence[Any], *, bound: bool) -> Any:
 
 
 def unpack(flat: Any, shapes: Sequence[Any], step: Any, *, check: bool,
-           message: str) -> tuple[list[Any], Any]:
+           message: str | Sequence[str], limit: float | None = None) -> tuple[list[Any], Any]:
     """The tensors and the tally of a (reduced) :func:`pack` buffer.
 
     Args:
         flat: the buffer.
         shapes: the tensors' shapes, as packed.
-        step: the optimizer step (an int64 tensor), put into ``message``.
-        check: when the bound is not finite, read the tensors, and fail with
-            ``message`` (``{step}`` replaced) if any holds NaN or Inf.
-        message: the error's text.
+        step: the optimizer step (an int64 tensor), put into the message.
+        check: unless the reduced bound is below ``limit``, read the tensors, and fail
+            with the message of the first that holds NaN or Inf (``{step}`` replaced).
+        message: the error's text, or one text per tensor (naming it).
+        limit: :func:`hvdtrain.gradients.finite_bound_limit` of the reduction; None:
+            that of a sum without scaling (half the dtype's largest number).
 
     Returns:
         (views of the tensors in ``flat``, the ``TALLY`` numbers).
     """
     import tensorflow as tf
 
+    messages = [message] * len(shapes) if isinstance(message, str) else list(message)
+    if limit is None:
+        limit = finite_bound_limit(float(np.finfo(flat.dtype.as_numpy_dtype).max),
+                                   prescale=1.0, unit=1.0)
     tensors, tally = native_ops().hvdtrain_unpack_checked(
-        flat, tf.cast(step, tf.int64), N=len(shapes),
-        shapes=[tf.TensorShape(s) for s in shapes], check=check, message=message)
+        flat, tf.cast(step, tf.int64), tf.constant(limit, dtype=flat.dtype), N=len(shapes),
+        shapes=[tf.TensorShape(s) for s in shapes], check=check, messages=messages)
     return list(tensors), tally
+
+
+def require_finite(tensors: Sequence[Any], step: Any, messages: Sequence[str]) -> list[Any]:
+    """``tensors`` unchanged (the same buffers), after failing with the message of the
+    first that holds NaN or Inf (``HvdtrainRequireFinite``: float16, bfloat16, float32
+    or float64 tensors, mixed; ``{step}`` in the message replaced by ``step``). The ops
+    must be loaded (:func:`native_ops`)."""
+    import tensorflow as tf
+
+    return list(native_ops().hvdtrain_require_finite(list(tensors), tf.cast(step, tf.int64),
+                                                     messages=list(messages)))

@@ -39,6 +39,7 @@ from horovod.common import elastic as _common_elastic
 from horovod.torch import elastic as _torch_elastic
 from horovod.torch.optimizer import _DistributedOptimizer as HorovodOptimizer
 
+from hvdtrain import watchdog
 from hvdtrain.collective import Collective, HorovodCollective
 
 CHECKED_VERSION = "0.28.1"
@@ -107,6 +108,15 @@ def collective(process_set: hvd.ProcessSet = hvd.global_process_set) -> Collecti
     :class:`~hvdtrain.collective.Collective`; each adapter has its ``collective()``."""
     return _ALL_WORKERS if process_set == hvd.global_process_set else \
         ProcessSetCollective(process_set)
+
+
+def allreduce_number(value: float, op: Any, name: str, process_set: hvd.ProcessSet,
+                     what: str) -> float:
+    """``value`` reduced by ``op`` over the ranks of ``process_set`` (one float64
+    allreduce under the watchdog, which names it ``what`` if it hangs)."""
+    with watchdog.guard(what):
+        return hvd.allreduce(torch.tensor(value, dtype=torch.float64), op=op, name=name,
+                             process_set=process_set).item()
 
 
 require_private_apis()

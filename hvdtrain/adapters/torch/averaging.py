@@ -16,15 +16,24 @@ from typing import Any
 
 import horovod.torch as _hvd
 import torch
-from horovod.torch import Average, Compression, ProcessSet, Sum
+from horovod.torch import Average, ProcessSet, Sum
 
 from hvdtrain import watchdog
 
 # Horovod's optimizer class: its methods add the gradient hooks, fusion and
 # synchronize(); distributed_class builds on them.
 from hvdtrain.adapters.torch._horovod import HorovodOptimizer as _HorovodOptimizer
+from hvdtrain.adapters.torch._horovod import allreduce_number
 from hvdtrain.adapters.torch.compression import HOROVOD_COMPRESSION, bf16_allreduce_async
 from hvdtrain.adapters.torch.tally import flat_with_tally, read_tally
+from hvdtrain.gradients import (
+    NonFinitePolicy,
+    any_rank,
+    joined_rescale,
+    some_ranks_joined,
+    step_observers,
+    wire_format,
+)
 from hvdtrain.nonfinite import NonFiniteGradientError, nonfinite_gradient_message
 
 __all__ = ["CheckedAveraging"]
@@ -57,12 +66,11 @@ class CheckedAveraging:
                                    op, gradient_predivide_factor, groups, sparse_as_dense,
                                    process_set)
         self.defaults = optimizer.defaults  # Horovod rebuilds with the class's defaults
-        self.skip_nonfinite = skip_nonfinite
+        self.on_nonfinite = NonFinitePolicy.of(skip_nonfinite, check_nonfinite)
         self.average_aggregated_gradients = average_aggregated_gradients
-        self.check_nonfinite = check_nonfinite or skip_nonfinite
         self.skipped_steps = 0
         self.steps_taken = 0
-        self._bf16 = compression == "bf16"
+        self._wire = wire_format(compression)
         self._flat_gradients: list[tuple[torch.Tensor, list[torch.Tensor], bool]] = []
         self._contributors: Any = None  # this step's count of ranks, per-tensor path
         self._all_contributed = False  # whether every rank sent this step's gradients
@@ -93,7 +101,11 @@ class CheckedAveraging:
         # post-scaling divides by it, in the pass that divides by the world size.
         uniform = len(counts) == 1
         postscale = 1.0 / max(next(iter(counts)), 1) if uniform else 1.0
+        if step_observers:
+            step_observers.reduction_started(self.steps_taken)
         self._reduce_gradients(postscale, passes if divide else None, uniform)
+        if step_observers:
+            step_observers.reduction_finished(self.steps_taken)
 
     def _reduce_gradients(self, postscale: float, passes: dict[torch.Tensor, int] | None,
                           uniform: bool) -> None:
@@ -131,15 +143,17 @@ class CheckedAveraging:
         # been changed in place). It is the same number on every rank: no vote needed.
         proved = synchronizes_here and self._bound_proves_finite()
         nonfinite = (self._first_nonfinite_gradient()
-                     if self.check_nonfinite and not proved else None)
-        if self.skip_nonfinite and not proved and _on_any_rank(
-                nonfinite is not None, self.process_set):
+                     if self.on_nonfinite.checks and not proved else None)
+        skip = self.on_nonfinite.skips and not proved and self._on_any_rank(nonfinite is not None)
+        if nonfinite is not None and not skip:
+            raise NonFiniteGradientError(nonfinite_gradient_message(step, nonfinite))
+        result = None if skip else self._apply_averaged(closure)
+        if skip:
             self.skipped_steps += 1
             self._synchronized = False
-            return None
-        if nonfinite is not None:
-            raise NonFiniteGradientError(nonfinite_gradient_message(step, nonfinite))
-        return self._apply_averaged(closure)
+        if step_observers:
+            step_observers.step_finished(step, applied=not skip)
+        return result
 
     def _apply_averaged(self, closure=None):
         """The step itself, once the gradients are averaged and checked (with
@@ -217,7 +231,7 @@ class CheckedAveraging:
         """Whether this step's gradients go in one flat allreduce per dtype (no overlap, a
         group of workers, dense gradients, no bf16) rather than through Horovod's
         per-tensor synchronize."""
-        return (not self.overlap and not self._bf16 and bool(self._requires_update)
+        return (not self.overlap and self._wire.reduced_natively and bool(self._requires_update)
                 and not any(p.grad is not None and p.grad.is_sparse
                             for p in self._requires_update))
 
@@ -254,10 +268,8 @@ class CheckedAveraging:
                 if averaged is not flat:
                     flat.copy_(averaged)
                 gradients, contributors, finite = read_tally(
-                    flat, unit, prescale=1.0 / predivide)
-                factor = self._joined_rescale(contributors)
-                if factor is not None:
-                    gradients.mul_(factor)
+                    flat, unit, prescale=1.0 / predivide, largest=self._wire_largest(dtype))
+                self._rescale_after_join(gradients, contributors)
                 offset = 0
                 for parameter in parameters:
                     size = parameter.numel()
@@ -276,10 +288,13 @@ class CheckedAveraging:
     def _pack(self, gradients: list[torch.Tensor], dtype: torch.dtype,
               device: torch.device) -> torch.Tensor:
         """One buffer of ``gradients`` and their tally (:func:`.tally.flat_with_tally`),
-        with the bound only when the check is on and the wire format is exact (fp16
-        could overflow below it)."""
-        bound = self.check_nonfinite and self._compression is Compression.none
-        return flat_with_tally(gradients, dtype, device, bound=bound)
+        with the bound only when the check is on."""
+        return flat_with_tally(gradients, dtype, device, bound=self.on_nonfinite.checks)
+
+    def _wire_largest(self, dtype: torch.dtype) -> float:
+        """The largest finite number the gradients of ``dtype`` take on the wire (the
+        limit of the bound's proof: :func:`hvdtrain.gradients.finite_bound_limit`)."""
+        return self._wire.largest_for(torch.finfo(dtype).max)
 
     def _pending_allreduces(self) -> str:
         return self._describe_allreduce([p for key in list(self._handles)
@@ -331,7 +346,7 @@ class CheckedAveraging:
         return buffers
 
     def _allreduce_grad_async(self, parameter):
-        if not self._bf16 or parameter.grad is None or parameter.grad.is_sparse:
+        if self._wire.reduced_natively or parameter.grad is None or parameter.grad.is_sparse:
             self._count_contributors()
             return _HorovodOptimizer._allreduce_grad_async(self, parameter)
         return bf16_allreduce_async(parameter.grad, self._parameter_names.get(parameter),
@@ -351,36 +366,34 @@ class CheckedAveraging:
                 process_set=self.process_set)
 
     def _average_over_contributors(self, handle: Any) -> None:
-        """After Horovod's per-tensor averages, which divide by every rank: when some
-        ranks had joined (sent zeros), rescale the dense gradients to the average over
-        the ranks that sent them, as the flat path does. ``handle``: this step's count
-        (:meth:`_count_contributors`), or None."""
+        """After Horovod's per-tensor averages, which divide by every rank: rescale the
+        dense gradients to the average over the ranks that sent them, as the flat path
+        does. ``handle``: this step's count (:meth:`_count_contributors`), or None."""
         if handle is None:
             return
-        factor = self._joined_rescale(round(_hvd.synchronize(handle).item()))
-        if factor is not None:
-            for parameter in self._requires_update:
-                if parameter.grad is not None and not parameter.grad.is_sparse:
-                    parameter.grad.mul_(factor)
+        dense = [p.grad for p in self._requires_update
+                 if p.grad is not None and not p.grad.is_sparse]
+        self._rescale_after_join(dense, round(_hvd.synchronize(handle).item()))
 
-    def _joined_rescale(self, contributors: int) -> float | None:
-        """The factor that turns an average over every rank of the set into one over
-        the ``contributors`` that sent gradients (ranks that called ``join()`` sent
-        zeros); None when all did, or the reduction is not an average. Remembers whether
-        all did."""
+    def _rescale_after_join(self, gradients: torch.Tensor | list[torch.Tensor],
+                            contributors: int) -> None:
+        """Turn ``gradients``, averaged over every rank, into their average over the
+        ``contributors`` (:func:`hvdtrain.gradients.joined_rescale`), in place, when
+        some ranks had joined; remember whether all contributed."""
         size = self.process_set.size()
-        self._all_contributed = contributors == size
-        if self.op == Average and 0 < contributors < size:
-            return size / contributors
-        return None
+        self._all_contributed = not some_ranks_joined(contributors, size)
+        if self.op != Average or self._all_contributed or contributors == 0:
+            return
+        factor = joined_rescale(contributors, size)
+        for gradient in gradients if isinstance(gradients, list) else [gradients]:
+            gradient.mul_(factor)
 
-
-def _on_any_rank(condition: bool, process_set: ProcessSet) -> bool:
-    """True on every rank of ``process_set`` when ``condition`` holds on at least one
-    (one scalar allreduce); a rank outside the set decides alone."""
-    if not process_set.included():
-        return condition
-    flag = torch.tensor(1.0 if condition else 0.0, dtype=torch.float64)
-    with watchdog.guard("the non-finite gradient vote (hvdtrain.any_rank)"):
-        return _hvd.allreduce(flag, op=Sum, name="hvdtrain.any_rank",
-                              process_set=process_set).item() > 0
+    def _on_any_rank(self, condition: bool) -> bool:
+        """True on every rank of the process set when ``condition`` holds on at least
+        one (:func:`hvdtrain.gradients.any_rank`); a rank outside the set decides
+        alone."""
+        if not self.process_set.included():
+            return condition
+        return any_rank(1.0 if condition else 0.0, lambda flag: allreduce_number(
+            flag, Sum, "hvdtrain.any_rank", self.process_set,
+            "the non-finite gradient vote (hvdtrain.any_rank)"))

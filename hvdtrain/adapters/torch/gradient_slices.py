@@ -22,6 +22,7 @@ import horovod.torch as _hvd
 import torch
 
 from hvdtrain import watchdog
+from hvdtrain.adapters.torch._horovod import allreduce_number
 from hvdtrain.adapters.torch.averaging import CheckedAveraging
 from hvdtrain.adapters.torch.sharding import explaining_join
 from hvdtrain.adapters.torch.tally import read_tally, rows_with_tally
@@ -75,7 +76,6 @@ class SlicedGradients:
                 if count > 1 and parameter.grad is not None:
                     parameter.grad.div_(count)
         predivide = self.gradient_predivide_factor if self.op == _hvd.Average else 1.0
-        bound = self.check_nonfinite and self._compression is _hvd.Compression.none
         pending = []
         for index, shard in enumerate(self._shards):
             if shard is None:
@@ -89,7 +89,8 @@ class SlicedGradients:
                         "is sparse, but shard_gradients=True reduce-scatters dense gradients; "
                         "make the layer dense (nn.Embedding(sparse=False)) or drop "
                         "shard_gradients")
-            rows = rows_with_tally([p.grad for p in shard.parameters], shard.layout, bound=bound)
+            rows = rows_with_tally([p.grad for p in shard.parameters], shard.layout,
+                                   bound=self.on_nonfinite.checks)
             wire, context = self._compression.compress(rows)
             handle = _hvd.reducescatter_async(
                 wire, name=f"hvdtrain.gradient_slices.{index}", op=self.op,
@@ -104,10 +105,9 @@ class SlicedGradients:
             for shard, context, handle in pending:
                 row = self._compression.decompress(_hvd.synchronize(handle), context)
                 gradients, contributors, finite = read_tally(
-                    row.reshape(-1), unit, prescale=1.0 / predivide)
-                factor = self._joined_rescale(contributors)
-                if factor is not None:
-                    gradients.mul_(factor)
+                    row.reshape(-1), unit, prescale=1.0 / predivide,
+                    largest=self._wire_largest(row.dtype))
+                self._rescale_after_join(gradients, contributors)
                 shard.shard.grad = gradients[:shard.layout.end - shard.layout.start]
                 self._flat_gradients.append((shard.shard.grad, [shard.shard], finite))
         self._filled_gradients = {parameter: (parameter.grad, parameter.grad._version)
@@ -153,14 +153,12 @@ class SlicedGradients:
                         first = min(first, position + piece.tensor)
                         break
             position += len(shard.parameters)
-        with watchdog.guard("the non-finite gradient vote (hvdtrain.nonfinite_slices)"):
-            found = _hvd.allreduce(torch.tensor(first, dtype=torch.float64), op=_hvd.Min,
-                                   name="hvdtrain.nonfinite_slices",
-                                   process_set=self.process_set)
-        if not math.isfinite(found.item()):
+        found = allreduce_number(first, _hvd.Min, "hvdtrain.nonfinite_slices", self.process_set,
+                                 "the non-finite gradient vote (hvdtrain.nonfinite_slices)")
+        if not math.isfinite(found):
             return None
         parameters = [p for shard in self._shards if shard is not None for p in shard.parameters]
-        return self._parameter_names.get(parameters[int(found.item())], "<unnamed>")
+        return self._parameter_names.get(parameters[int(found)], "<unnamed>")
 
     def _clip_slices(self, max_norm: float, norm_type: float) -> torch.Tensor:
         """``shard_gradients``: clip every worker's slice of the averaged gradients by

@@ -1,10 +1,8 @@
 """The tally that rides behind the gradients in the torch optimizer's flat allreduce
-(and behind each worker's slice of them in the reduce-scatter of ``shard_gradients``).
-
-Two numbers follow the gradients in the same buffer: each rank's 1, which the reduction
-turns into the number of ranks that sent gradients (a rank that called ``join()`` sends
-zeros), and the L2 norm of its gradients, which becomes a bound on every reduced
-element, so the non-finite check reads one number instead of every gradient.
+(and behind each worker's slice of them in the reduce-scatter of ``shard_gradients``),
+written and read as :mod:`hvdtrain.gradients` lays it out: each rank's 1, then the L2
+norm of its gradients, so the non-finite check reads one number instead of every
+gradient.
 """
 
 from __future__ import annotations
@@ -13,14 +11,14 @@ import math
 
 import torch
 
+from hvdtrain import gradients as rules
+from hvdtrain.gradients import TALLY
 from hvdtrain.sharding import ShardLayout
 
 try:  # built by setup.py when a C compiler is there
     from hvdtrain import _packing
 except ImportError:  # pragma: no cover - depends on the installation
     _packing = None
-
-TALLY = 2  # numbers behind the gradients
 
 
 def flat_with_tally(gradients: list[torch.Tensor], dtype: torch.dtype, device: torch.device,
@@ -45,17 +43,17 @@ def flat_with_tally(gradients: list[torch.Tensor], dtype: torch.dtype, device: t
     """
     size = sum(g.numel() for g in gradients)
     flat = torch.empty(size + TALLY, dtype=dtype, device=device)
-    flat[size] = 1
+    flat[size + rules.COUNT] = 1
     if bound and fused and _packs_in_one_pass(gradients, flat):
         square_sum = _packing.pack_float32(tuple(g.data_ptr() for g in gradients),
                                            tuple(g.numel() for g in gradients), flat.data_ptr())
-        flat[size + 1] = math.sqrt(square_sum)  # NaN and infinity stay what they are
+        flat[size + rules.BOUND] = math.sqrt(square_sum)  # NaN and infinity stay what they are
         return flat
     torch.cat([g.reshape(-1) for g in gradients], out=flat[:size])
     if bound:
-        write_bound(flat[:size], flat[size + 1])
+        write_bound(flat[:size], flat[size + rules.BOUND])
     else:
-        flat[size + 1] = math.inf
+        flat[size + rules.BOUND] = math.inf
     return flat
 
 
@@ -96,8 +94,8 @@ def rows_with_tally(gradients: list[torch.Tensor], layout: ShardLayout, *, bound
             if bound:
                 square_sum += float(torch.dot(row[:end - start], row[:end - start]))
         row[end - start:length].zero_()
-    rows[:, length] = 1
-    rows[:, length + 1] = math.sqrt(square_sum) if bound else math.inf
+    rows[:, length + rules.COUNT] = 1
+    rows[:, length + rules.BOUND] = math.sqrt(square_sum) if bound else math.inf
     return rows
 
 
@@ -117,23 +115,23 @@ def write_bound(gradients: torch.Tensor, out: torch.Tensor) -> None:
     out.sqrt_()
 
 
-def read_tally(flat: torch.Tensor, unit: float, prescale: float
-               ) -> tuple[torch.Tensor, int, bool]:
-    """Read a reduced buffer of :func:`flat_with_tally`.
+def read_tally(flat: torch.Tensor, unit: float, prescale: float,
+               largest: float | None = None) -> tuple[torch.Tensor, int, bool]:
+    """Read a reduced buffer of :func:`flat_with_tally` (:func:`hvdtrain.gradients.read_tally`).
 
     Args:
         flat: the buffer after the allreduce.
         unit: what a rank's 1 became in the reduction (postscale, over the size for an
             average).
         prescale: the factor each rank's values were multiplied by before the sum.
+        largest: the largest finite number on the wire (None: that of ``flat``'s dtype).
 
     Returns:
         The reduced gradients (a view), the number of ranks that sent gradients, and
-        whether the reduced bound proves every reduced element (and every partial sum
-        of the reduction) finite: the sum of the ranks' norms, with room for the
-        scalings, is below half the dtype's largest number.
+        whether the reduced bound proves every reduced element finite.
     """
-    contributors, bound = (value / unit for value in flat[-TALLY:].tolist())
-    scaling = max(1.0, prescale, abs(unit))
-    finite = bound * scaling < torch.finfo(flat.dtype).max / 2
-    return flat[:-TALLY], round(contributors), finite
+    numbers = flat[-TALLY:].tolist()
+    reading = rules.read_tally(
+        numbers[rules.COUNT], numbers[rules.BOUND], unit=unit, prescale=prescale,
+        largest=torch.finfo(flat.dtype).max if largest is None else largest)
+    return flat[:-TALLY], reading.contributors, reading.proves_finite
