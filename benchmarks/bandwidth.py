@@ -10,7 +10,7 @@ from pathlib import Path
 
 from common import horovod_result, interleaved, markdown_table, median, pyplot, write_result
 
-from hvdtrain.launch import CONTROLLERS
+from hvdtrain.jobs.launch import CONTROLLERS
 
 
 def run(folder: Path, smoke: bool) -> dict:

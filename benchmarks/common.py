@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdtrain.consistency import software_versions
-from hvdtrain.launch import run_workers
+from hvdtrain.jobs.launch import run_workers
 
 HERE = Path(__file__).parent
 # One compute thread per rank, so that 2 ranks on 2 cores compare fairly with 1 on 1.

@@ -32,7 +32,7 @@ from common import (
     write_result,
 )
 
-from hvdtrain.launch import CONTROLLERS
+from hvdtrain.jobs.launch import CONTROLLERS
 
 TARGET_RATIO = 1.01
 BASELINES = {"torch": "horovod", "keras": "allreduce_in_apply"}

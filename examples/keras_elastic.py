@@ -31,7 +31,7 @@ from keras import ops
 from sklearn.datasets import load_digits
 
 import hvdtrain.adapters.keras as hvk
-from hvdtrain.local_hosts import run_elastic_demo
+from hvdtrain.jobs.local_hosts import run_elastic_demo
 
 SUMMARY = re.compile(r"workers \d+ -> \d+ at step \d+, lr .* done$")
 

@@ -30,7 +30,7 @@ import torch
 from sklearn.datasets import load_digits
 
 import hvdtrain.adapters.torch as hvt
-from hvdtrain.local_hosts import run_elastic_demo
+from hvdtrain.jobs.local_hosts import run_elastic_demo
 
 SUMMARY = re.compile(r"workers \d+ -> \d+ at step \d+, lr .* done$")
 

@@ -154,7 +154,7 @@ _report_sink: Callable[[str], None] | None = None
 
 def forward_reports(sink: Callable[[str], None] | None) -> None:
     """Also hand this process's watchdog report to ``sink`` before the process ends
-    (hvdtrain.ray sends it to the driver); takes effect at the next :func:`start`."""
+    (hvdtrain.jobs.ray sends it to the driver); takes effect at the next :func:`start`."""
     global _report_sink
     _report_sink = sink
 

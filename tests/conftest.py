@@ -2,7 +2,7 @@
 
 import pytest
 
-from hvdtrain.launch import CONTROLLERS
+from hvdtrain.jobs.launch import CONTROLLERS
 
 
 @pytest.fixture(params=CONTROLLERS)

@@ -1,5 +1,5 @@
 """What every elastic test shares: one launch of a worker script as a Horovod elastic
-job, on per-worker host names of this machine (hvdtrain.local_hosts' ssh stand-in) or
+job, on per-worker host names of this machine (hvdtrain.jobs.local_hosts' ssh stand-in) or
 on hosts reached over real ssh (tests/ssh_hosts.py), and the checks of its reports
 against the closed-form schedule and the data set.
 
@@ -26,8 +26,8 @@ from ssh_hosts import SshHosts
 from workers.torch_common import numbered_problem
 
 from hvdtrain.elastic import RESET_MARGIN_SECONDS
-from hvdtrain.launch import horovodrun_path, process_alive
-from hvdtrain.local_hosts import LocalHosts
+from hvdtrain.jobs.launch import horovodrun_path, process_alive
+from hvdtrain.jobs.local_hosts import LocalHosts
 from hvdtrain.runtime import ELASTIC_DEFAULTS
 from hvdtrain.schedule import LinearScalingSchedule
 

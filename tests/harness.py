@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hvdtrain.launch import LaunchResult, run_workers
+from hvdtrain.jobs.launch import LaunchResult, run_workers
 
 WORKERS = Path(__file__).parent / "workers"
 LAUNCH_TIMEOUT = 240.0

@@ -2,7 +2,7 @@
 own host name, address and ``sshd`` (Debian's openssh-server), joined by a bridge.
 
 What a cluster gives a launcher, and what the one-machine ssh stand-in
-(hvdtrain.local_hosts) only imitates: a real sshd session per worker, a network
+(hvdtrain.jobs.local_hosts) only imitates: a real sshd session per worker, a network
 interface and address per host, and host names that resolve to those addresses
 (Horovod's Gloo rendezvous resolves ``gethostname()``; see
 ../shared/reference/clusters.md).

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from hvdtrain import horovod_patches
-from hvdtrain.cli import main
-from hvdtrain.doctor import MPI_FIX, Report, check_versions
+from hvdtrain.jobs.cli import main
+from hvdtrain.jobs.doctor import MPI_FIX, Report, check_versions
 from hvdtrain.runtime import LAUNCHER_DEFAULTS, RUNTIME_DEFAULTS
 from hvdtrain.schedule import LinearScalingSchedule
 

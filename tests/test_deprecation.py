@@ -1,6 +1,9 @@
 """hvdtrain.deprecation: old names keep working, warning with the new name; each name an
 issue renamed is checked here."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -41,3 +44,35 @@ def test_the_elastic_torch_state_takes_its_warmup_under_the_keras_name_and_the_o
         assert state.scheduler is warmup
     with pytest.raises(TypeError, match="got both scheduler= and warmup="):
         TorchState(model, optimizer, warmup=warmup, scheduler=warmup)
+
+
+MOVED = ["cli", "doctor", "launch", "local_hosts", "slurm", "_rank_entry", "_smoke", "plot"]
+
+
+@pytest.mark.parametrize("name", MOVED)
+def test_a_moved_module_imports_by_its_old_path_warning_with_the_new_one(name):
+    """In a fresh interpreter (an earlier import would leave nothing to warn about)."""
+    script = (f"import warnings, importlib\n"
+              f"warnings.simplefilter('error', DeprecationWarning)\n"
+              f"try:\n"
+              f"    importlib.import_module('hvdtrain.{name}')\n"
+              f"except DeprecationWarning as warning:\n"
+              f"    print('warned:', warning)\n"
+              f"warnings.simplefilter('ignore')\n"
+              f"old = importlib.import_module('hvdtrain.{name}')\n"
+              f"print('same:', old is importlib.import_module('hvdtrain.jobs.{name}'))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert f"warned: hvdtrain.{name} is now hvdtrain.jobs.{name}" in done.stdout, done.stderr
+    assert "same: True" in done.stdout, done.stderr
+
+
+def test_the_public_ray_path_stays_without_a_warning():
+    script = ("import warnings\n"
+              "warnings.simplefilter('error')\n"
+              "from hvdtrain.ray import run\n"
+              "import hvdtrain.jobs.ray\n"
+              "print(run is hvdtrain.jobs.ray.run)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.stdout.strip() == "True", done.stderr

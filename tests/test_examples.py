@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain.launch import CONTROLLERS, horovodrun_path, run_workers
+from hvdtrain.jobs.launch import CONTROLLERS, horovodrun_path, run_workers
 
 EXAMPLES = Path(__file__).parents[1] / "examples"
 EPOCH_LINE = re.compile(r"^epoch\s+(\d+)/(\d+)\s+lr ([\d.]+)\s+train loss ([\d.]+)\s+"

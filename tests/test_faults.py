@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from harness import WORKERS, launch, reports, single_process
 
-from hvdtrain.launch import process_alive
+from hvdtrain.jobs.launch import process_alive
 from hvdtrain.runtime import RUNTIME_DEFAULTS
 from hvdtrain.watchdog import EXIT_CODE
 

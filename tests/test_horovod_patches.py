@@ -14,8 +14,8 @@ import pytest
 from harness import launch, reports
 
 from hvdtrain import horovod_patches
-from hvdtrain.launch import CONTROLLERS, horovodrun_path
-from hvdtrain.local_hosts import LocalHosts
+from hvdtrain.jobs.launch import CONTROLLERS, horovodrun_path
+from hvdtrain.jobs.local_hosts import LocalHosts
 
 PATCHES = Path(__file__).parents[1] / "scripts" / "patches" / "horovod"
 

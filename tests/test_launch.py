@@ -5,7 +5,7 @@ import time
 import pytest
 from harness import launch, reports
 
-from hvdtrain.launch import LaunchError, run_workers
+from hvdtrain.jobs.launch import LaunchError, run_workers
 
 
 def test_collectives_match_an_independent_computation(controller):

@@ -1,4 +1,4 @@
-"""hvdtrain.local_hosts in one process: the ssh stand-in runs Horovod's remote command
+"""hvdtrain.jobs.local_hosts in one process: the ssh stand-in runs Horovod's remote command
 here and ends it when it is itself ended, and the discovery script prints what set()
 offered."""
 
@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from hvdtrain.launch import process_alive
-from hvdtrain.local_hosts import LocalHosts
+from hvdtrain.jobs.launch import process_alive
+from hvdtrain.jobs.local_hosts import LocalHosts
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -22,7 +22,7 @@ import pytest
 from harness import WORKERS
 from ssh_hosts import why_no_namespaces
 
-from hvdtrain.launch import process_alive
+from hvdtrain.jobs.launch import process_alive
 from hvdtrain.runtime import LAUNCHER_DEFAULTS
 
 DEADLINE_SECONDS = 60

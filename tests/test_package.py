@@ -11,14 +11,14 @@ import pytest
 from hvdtrain import (
     collective,
     deprecation,
-    doctor,
     elastic,
+    gradients,
     horovod_patches,
     runtime,
     schedule,
-    slurm,
     warmup,
 )
+from hvdtrain.jobs import doctor, slurm
 
 
 def test_core_modules_import_without_any_framework():
@@ -35,12 +35,12 @@ def test_core_modules_import_without_any_framework():
         import hvdtrain.consistency, hvdtrain.replicas, hvdtrain.runtime, hvdtrain.watchdog
         import hvdtrain.allocator
         import hvdtrain.validation, hvdtrain.metrics, hvdtrain.nonfinite, hvdtrain.trees
-        import hvdtrain.launch, hvdtrain.cli, hvdtrain.doctor
-        import hvdtrain.elastic, hvdtrain.slurm, hvdtrain.local_hosts, hvdtrain.horovod_patches
-        import hvdtrain.collective
-        assert hvdtrain.cli.main(["schedule", "--base-lr", "0.1", "--batch-size-per-worker",
-                                  "32", "--workers", "16", "--steps-per-epoch", "5",
-                                  "--epochs", "6"]) == 0
+        import hvdtrain.jobs.launch, hvdtrain.jobs.cli, hvdtrain.jobs.doctor
+        import hvdtrain.elastic, hvdtrain.jobs.slurm, hvdtrain.jobs.local_hosts
+        import hvdtrain.horovod_patches, hvdtrain.collective, hvdtrain.gradients
+        assert hvdtrain.jobs.cli.main(["schedule", "--base-lr", "0.1",
+                                       "--batch-size-per-worker", "32", "--workers", "16",
+                                       "--steps-per-epoch", "5", "--epochs", "6"]) == 0
         print("imported", hvdtrain.__version__)
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
@@ -62,7 +62,7 @@ def test_the_torch_adapter_says_what_is_missing_before_init():
 
 
 @pytest.mark.parametrize("module", [schedule, warmup, elastic, slurm, horovod_patches, runtime,
-                                    collective, doctor, deprecation])
+                                    collective, doctor, deprecation, gradients])
 def test_the_examples_in_the_core_docstrings_hold(module):
     results = doctest.testmod(module)
     assert results.attempted > 0 and results.failed == 0
@@ -82,7 +82,8 @@ _IMPORT_EVERYTHING = textwrap.dedent("""
     root = Path(hvdtrain.__file__).parent
     names = sorted(".".join(("hvdtrain", *path.relative_to(root).with_suffix("").parts))
                    .removesuffix(".__init__") for path in root.rglob("*.py"))
-    names = [name for name in names if name not in ("hvdtrain._rank_entry", "hvdtrain._smoke")
+    names = [name for name in names
+             if name not in ("hvdtrain.jobs._rank_entry", "hvdtrain.jobs._smoke")
              and ("adapters.keras" in name or "adapters.tensorflow" in name) == keras_family]
     before = dict(os.environ)
     for name in names:

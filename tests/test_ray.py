@@ -1,5 +1,5 @@
 """hvdtrain jobs on a local Ray cluster started here (no network), through
-hvdtrain.ray.run and Horovod's RayExecutor: 2 workers over Gloo.
+hvdtrain.jobs.ray.run and Horovod's RayExecutor: 2 workers over Gloo.
 
 Training is compared with one process on the concatenated batch, as the horovodrun
 tests do (tests/workers/ray_jobs.py runs the same training as their workers); failures
@@ -19,8 +19,8 @@ import torch
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (scripts/setup.sh "
                                         "installs it)")
 
-import hvdtrain.ray  # noqa: E402
-from hvdtrain.launch import LaunchError  # noqa: E402
+import hvdtrain.jobs.ray  # noqa: E402
+from hvdtrain.jobs.launch import LaunchError  # noqa: E402
 
 TESTS = Path(__file__).parent
 WORKERS = 2
@@ -53,7 +53,7 @@ def test_torch_training_on_ray_equals_one_process(cluster):
     from workers.torch_common import reference_run
 
     jobs = _ray_jobs()
-    results = hvdtrain.ray.run(jobs.torch_train, num_workers=WORKERS, args=["adamw"],
+    results = hvdtrain.jobs.ray.run(jobs.torch_train, num_workers=WORKERS, args=["adamw"],
                                timeout_s=180)
     assert [r["rank"] for r in results] == [0, 1]
     assert all(r["size"] == WORKERS for r in results)
@@ -71,7 +71,7 @@ def test_keras_training_on_ray_equals_one_process(cluster):
     from workers.keras_common import reference_fit
 
     jobs = _ray_jobs()
-    results = hvdtrain.ray.run(jobs.keras_fit, num_workers=WORKERS, args=["sgd"],
+    results = hvdtrain.jobs.ray.run(jobs.keras_fit, num_workers=WORKERS, args=["sgd"],
                                timeout_s=180)
     expected = reference_fit("sgd")
     for result in results:
@@ -88,8 +88,8 @@ def test_a_failing_worker_ends_the_job_naming_its_rank(cluster, how, process_die
                                                        within_s):
     jobs = _ray_jobs()
     started = time.monotonic()
-    with pytest.raises(hvdtrain.ray.RankFailed) as failure:
-        hvdtrain.ray.run(jobs.fail, num_workers=WORKERS, args=[how], timeout_s=120)
+    with pytest.raises(hvdtrain.jobs.ray.RankFailed) as failure:
+        hvdtrain.jobs.ray.run(jobs.fail, num_workers=WORKERS, args=[how], timeout_s=120)
     assert failure.value.rank == 1
     assert expected in str(failure.value)
     assert time.monotonic() - started < within_s
@@ -100,8 +100,8 @@ def test_a_failing_worker_ends_the_job_naming_its_rank(cluster, how, process_die
 def test_a_stalled_collective_ends_the_job_with_the_watchdogs_report(cluster):
     jobs = _ray_jobs()
     started = time.monotonic()
-    with pytest.raises(hvdtrain.ray.RankFailed) as failure:
-        hvdtrain.ray.run(jobs.fail, num_workers=WORKERS, args=["skip"], timeout_s=120,
+    with pytest.raises(hvdtrain.jobs.ray.RankFailed) as failure:
+        hvdtrain.jobs.ray.run(jobs.fail, num_workers=WORKERS, args=["skip"], timeout_s=120,
                          env={"HVDTRAIN_COLLECTIVE_TIMEOUT_SECONDS": "4"})
     message = str(failure.value)
     assert failure.value.rank == 0
@@ -115,17 +115,17 @@ def test_a_stalled_collective_ends_the_job_with_the_watchdogs_report(cluster):
 def test_a_job_past_its_timeout_is_stopped(cluster):
     jobs = _ray_jobs()
     with pytest.raises(LaunchError, match="did not finish within 3 s"):
-        hvdtrain.ray.run(jobs.fail, num_workers=WORKERS, args=["none"], timeout_s=3)
+        hvdtrain.jobs.ray.run(jobs.fail, num_workers=WORKERS, args=["none"], timeout_s=3)
     _no_worker_left()
 
 
 def test_bad_arguments_are_refused_before_anything_starts(cluster):
     with pytest.raises(ValueError, match="either num_workers"):
-        hvdtrain.ray.run(print)
+        hvdtrain.jobs.ray.run(print)
     with pytest.raises(ValueError, match="num_workers"):
-        hvdtrain.ray.run(print, num_workers=0)
+        hvdtrain.jobs.ray.run(print, num_workers=0)
     with pytest.raises(ValueError, match="max_workers=1 is below min_workers=2"):
-        hvdtrain.ray.run(print, min_workers=2, max_workers=1)
+        hvdtrain.jobs.ray.run(print, min_workers=2, max_workers=1)
 
 
 def _no_worker_left(within_s: float = 20) -> None:
@@ -143,7 +143,7 @@ def test_the_ray_example_reaches_the_state_horovodrun_reaches(tmp_path):
     examples/torch_train.py in one go: the same script, data shares and collectives."""
     from test_examples import CHECKSUM_LINE
 
-    from hvdtrain.launch import run_workers
+    from hvdtrain.jobs.launch import run_workers
 
     # One thread per worker, as the example gives each Ray worker (one CPU): torch's
     # sums over 2 threads round differently.

@@ -1,6 +1,6 @@
 """An elastic hvdtrain job on a Ray cluster of 3 nodes started here (``ray start``, one
 CPU each, the 2 others on their own loopback addresses so that Horovod's elastic
-driver sees 3 hosts), through hvdtrain.ray.run and Horovod's elastic driver on Ray.
+driver sees 3 hosts), through hvdtrain.jobs.ray.run and Horovod's elastic driver on Ray.
 
 The worker is tests/workers/torch_elastic_train.py's (sharded SGD with momentum): rank 2
 of 3 kills itself at step 14; the others must roll back to the last commit and finish

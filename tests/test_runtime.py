@@ -7,7 +7,7 @@ import pytest
 from harness import launch, reports
 
 from hvdtrain import runtime
-from hvdtrain.launch import CONTROLLERS
+from hvdtrain.jobs.launch import CONTROLLERS
 
 
 @pytest.mark.parametrize(("variables", "rank", "size"), [

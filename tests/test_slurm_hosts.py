@@ -1,9 +1,9 @@
-"""hvdtrain.slurm and ``hvdtrain hosts`` in one process: Slurm's task counts and node
+"""hvdtrain.jobs.slurm and ``hvdtrain hosts`` in one process: Slurm's task counts and node
 lists as horovodrun -H's host list. Inside a real allocation: tests/test_slurm.py."""
 
 import pytest
 
-from hvdtrain import cli, slurm
+from hvdtrain.jobs import cli, slurm
 
 
 @pytest.mark.parametrize(("text", "counts"), [

@@ -25,7 +25,7 @@ from elastic_jobs import check_below_min, check_grow, check_shrink
 from harness import WORKERS
 from ssh_hosts import SshHosts, why_unavailable
 
-from hvdtrain.launch import horovodrun_path, process_alive
+from hvdtrain.jobs.launch import horovodrun_path, process_alive
 
 sys.path.insert(0, str(WORKERS))
 import across_hosts  # the worker's data and settings

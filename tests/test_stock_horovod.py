@@ -26,7 +26,7 @@ from workers.keras_common import reference_fit
 from workers.torch_common import JOIN_STEPS, reference_run, uneven_reference_run
 
 from hvdtrain import horovod_patches, runtime
-from hvdtrain.launch import CONTROLLERS
+from hvdtrain.jobs.launch import CONTROLLERS
 
 REPO = Path(__file__).parents[1]
 FLOAT64_TOLERANCE = 1e-10
@@ -168,7 +168,7 @@ def test_tensorflow_join_is_refused_with_the_reason_and_the_fix(stock_keras_run,
 
 
 def test_doctor_lists_every_patch_as_missing(stock_env):
-    script = ("from hvdtrain.doctor import Report, check_horovod_patches\n"
+    script = ("from hvdtrain.jobs.doctor import Report, check_horovod_patches\n"
               "report = Report()\ncheck_horovod_patches(report)\n"
               "print('warnings', len(report.warnings), 'problems', len(report.problems))\n")
     done = subprocess.run([sys.executable, "-c", script], env={**os.environ, **stock_env},

@@ -30,7 +30,7 @@ def test_a_wait_longer_than_the_limit_is_reported_with_the_stacks(tmp_path):
 
 @pytest.mark.parametrize("sink_fails", [False, True])
 def test_the_report_is_forwarded_before_the_process_ends(tmp_path, sink_fails):
-    """on_report (hvdtrain.ray's way to the driver) gets the report first; a sink that
+    """on_report (hvdtrain.jobs.ray's way to the driver) gets the report first; a sink that
     fails is said so and the process still ends."""
     events = []
 

@@ -3,7 +3,7 @@
 import pytest
 from harness import Run, launch
 
-from hvdtrain.launch import CONTROLLERS
+from hvdtrain.jobs.launch import CONTROLLERS
 
 
 def _launch(tmp_path_factory, script, controller, **env):

@@ -1,6 +1,6 @@
 """hvdtrain.adapters.torch.elastic in real Horovod elastic jobs (Gloo, one machine).
 
-Each worker gets its own host name (host-a, host-b, host-c) through hvdtrain.local_hosts
+Each worker gets its own host name (host-a, host-b, host-c) through hvdtrain.jobs.local_hosts
 (an ``ssh`` stand-in early in PATH that runs the command here): Horovod blacklists
 the host of a failed worker, so workers sharing ``localhost`` could not lose one and
 go on. One launch

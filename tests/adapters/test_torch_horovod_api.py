@@ -16,7 +16,7 @@ from workers.torch_common import STEPS, loss_fn, make_data, make_model, make_opt
 
 import hvdtrain.adapters.torch as hvt
 from hvdtrain import horovod_patches, runtime
-from hvdtrain.launch import CONTROLLERS
+from hvdtrain.jobs.launch import CONTROLLERS
 
 # hvdtrain's own versions (docs/torch.md, "Coming from horovod.torch"); elastic is a module.
 OURS = {"init", "DistributedOptimizer"}

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from hvdtrain.launch import process_alive
+from hvdtrain.jobs.launch import process_alive
 from hvdtrain.runtime import launcher_rank
 
 rank = launcher_rank()

@@ -1,6 +1,6 @@
 """An elastic Keras ``fit`` job with hvdtrain's KerasState:
 ``python keras_elastic_train.py MODE HOSTS`` (HOSTS: the folder of
-hvdtrain.local_hosts.LocalHosts the job was started with).
+hvdtrain.jobs.local_hosts.LocalHosts the job was started with).
 
 The Keras twin of torch_elastic_train.py, with the same settings and modes (see
 there, and tests/elastic_jobs.py): a linear model on 240 numbered samples,
@@ -25,7 +25,7 @@ from scenarios import report as report_for_rank
 
 import hvdtrain.adapters.keras as hvk
 from hvdtrain.adapters.keras import elastic
-from hvdtrain.local_hosts import LocalHosts
+from hvdtrain.jobs.local_hosts import LocalHosts
 
 MODE, HOSTS = sys.argv[1], LocalHosts(Path(sys.argv[2]))
 SAMPLES, BATCH, EPOCHS, COMMIT_EVERY = 240, 4, 2, 4

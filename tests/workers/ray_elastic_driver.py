@@ -2,7 +2,7 @@
 script would be: ``python ray_elastic_driver.py ADDRESS REPORTS``.
 
 Joins the Ray cluster at ADDRESS and runs ray_jobs.torch_elastic in ``shrink`` mode as
-an elastic hvdtrain.ray job (2 to 3 workers, sharded optimizer), the workers appending
+an elastic hvdtrain.jobs.ray job (2 to 3 workers, sharded optimizer), the workers appending
 their reports to REPORTS; prints ``TOOK seconds``.
 """
 
@@ -12,7 +12,7 @@ import time
 import ray
 import ray_jobs
 
-import hvdtrain.ray
+import hvdtrain.jobs.ray
 
 
 def main() -> None:
@@ -20,7 +20,7 @@ def main() -> None:
     ray.init(address=address, logging_level="ERROR")
     started = time.monotonic()
     try:
-        hvdtrain.ray.run(ray_jobs.torch_elastic, min_workers=2, max_workers=3,
+        hvdtrain.jobs.ray.run(ray_jobs.torch_elastic, min_workers=2, max_workers=3,
                          args=["shrink"], elastic_timeout_s=60, nics=["lo"],
                          env={"HVDTRAIN_TEST_SHARDED": "1", "HVDTRAIN_TEST_REPORTS": reports})
     finally:

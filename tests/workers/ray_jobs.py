@@ -1,4 +1,4 @@
-"""Training functions that tests/test_ray.py runs on Ray workers through hvdtrain.ray.run.
+"""Training functions that tests/test_ray.py runs on Ray workers through hvdtrain.jobs.ray.run.
 
 Each one trains (or fails) as a 2-worker Horovod job on Ray would and returns what the
 test compares: the torch and Keras ones the same training as the horovodrun workers'

@@ -1,5 +1,5 @@
 """An elastic job with hvdtrain's TorchState: ``python torch_elastic_train.py MODE HOSTS``
-(HOSTS: the folder of hvdtrain.local_hosts.LocalHosts the job was started with).
+(HOSTS: the folder of hvdtrain.jobs.local_hosts.LocalHosts the job was started with).
 
 Every worker trains a float64 linear model on 240 numbered samples (batch 4 per
 worker) with DistributedOptimizer, LinearScalingWarmup (η = 0.05 for a batch of 4,
@@ -40,7 +40,7 @@ from torch_common import numbered_problem
 
 import hvdtrain.adapters.torch as hvt
 from hvdtrain.adapters.torch import elastic
-from hvdtrain.local_hosts import LocalHosts
+from hvdtrain.jobs.local_hosts import LocalHosts
 
 SAMPLES, BATCH, EPOCHS, COMMIT_EVERY = 240, 4, 2, 4
 KILL_AT, GROW_AFTER = 14, 8

@@ -38,7 +38,7 @@ __all__ = ["LocalHosts", "run_elastic_demo"]
 # period. Without this, a worker whose job was stopped lived on, re-parented to init.
 _SSH_STAND_IN = """\
 #!/bin/sh
-# hvdtrain's ssh stand-in (hvdtrain/local_hosts.py): runs the command on this machine.
+# hvdtrain's ssh stand-in (hvdtrain/jobs/local_hosts.py): runs the command on this machine.
 host=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -125,7 +125,7 @@ def run_elastic_demo(worker_command: Sequence[str], hosts: Sequence[str], *, min
     Returns:
         0 when the job exited 0 and rank 0 printed a ``summary`` line, else 1.
     """
-    from hvdtrain.launch import horovodrun_path
+    from hvdtrain.jobs.launch import horovodrun_path
 
     with tempfile.TemporaryDirectory(prefix="hvdtrain-elastic-demo-") as folder:
         local = LocalHosts.create(Path(folder), hosts)

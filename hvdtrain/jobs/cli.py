@@ -103,7 +103,7 @@ def print_schedule(args: argparse.Namespace) -> int:
         print(f"{row.epoch:>5}  {row.first_step:>6}-{row.last_step:<6}  "
               f"{row.first_lr:>16.6g}  {row.last_lr:>16.6g}")
     if args.plot:
-        from hvdtrain.plot import plot_schedule
+        from hvdtrain.jobs.plot import plot_schedule
 
         plot_schedule(schedule, args.epochs, args.plot)
         print(f"plot written to {args.plot}")
@@ -119,7 +119,7 @@ def print_environment() -> int:
 
 
 def print_hosts(lines: bool) -> int:
-    from hvdtrain.slurm import NotInAllocation, allocation_hosts
+    from hvdtrain.jobs.slurm import NotInAllocation, allocation_hosts
 
     try:
         hosts = allocation_hosts()
@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "doctor":
-        from hvdtrain.doctor import run_doctor
+        from hvdtrain.jobs.doctor import run_doctor
 
         return run_doctor(timeout=args.timeout)
     if args.command == "env":

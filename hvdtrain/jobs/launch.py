@@ -7,7 +7,7 @@ seconds and reported as timed out instead of stalling the caller.
 
 Example::
 
-    from hvdtrain.launch import run_workers
+    from hvdtrain.jobs.launch import run_workers
 
     result = run_workers("train.py", ["--epochs", "1"], np=2, controller="gloo", timeout=60)
     result.check()                 # raises LaunchError with every rank's output
@@ -135,7 +135,7 @@ def run_workers(
     with tempfile.TemporaryDirectory(prefix="hvdtrain-launch-") as rank_dir:
         command = (
             horovodrun_path(), "-np", str(np), f"--{controller}",
-            sys.executable, "-m", "hvdtrain._rank_entry", rank_dir, str(script), *args,
+            sys.executable, "-m", "hvdtrain.jobs._rank_entry", rank_dir, str(script), *args,
         )
         run_env = {**os.environ, **_MPI_AS_ROOT, **(env or {})}
         process = subprocess.Popen(

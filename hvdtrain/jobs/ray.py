@@ -13,7 +13,7 @@ the training function uses ``hvt.elastic`` / ``hvk.elastic`` as under ``horovodr
 Example::
 
     import ray
-    import hvdtrain.ray
+    import hvdtrain.jobs.ray
 
     def train(epochs):
         import hvdtrain.adapters.torch as hvt
@@ -22,7 +22,7 @@ Example::
         return hvt.rank(), final_loss
 
     ray.init(address="auto")                      # or ray.init() for a local cluster
-    results = hvdtrain.ray.run(train, num_workers=4, kwargs={"epochs": 3})
+    results = hvdtrain.jobs.ray.run(train, num_workers=4, kwargs={"epochs": 3})
 
 Needs the ``ray`` extra (``pip install hvdtrain[ray]``); README.md, "On a Ray cluster".
 """
@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from hvdtrain import watchdog
-from hvdtrain.launch import LaunchError
+from hvdtrain.jobs.launch import LaunchError
 from hvdtrain.validation import require_positive_int
 
 __all__ = ["RankFailed", "failure_message", "run"]
@@ -105,7 +105,7 @@ def run(train: Callable[..., Result], *, num_workers: int | None = None,
 
     _refuse_bad_arguments(num_workers, min_workers, max_workers, cpus_per_worker, timeout_s)
     if not ray.is_initialized():
-        raise RuntimeError("hvdtrain.ray.run needs a Ray cluster: call ray.init() first "
+        raise RuntimeError("hvdtrain.jobs.ray.run needs a Ray cluster: call ray.init() first "
                            "(ray.init(address='auto') to join a running one)")
     settings = RayExecutor.create_settings(timeout_s=_START_TIMEOUT_S,
                                            nics=set(nics) if nics else None)

@@ -1,6 +1,6 @@
-"""What each rank runs under :func:`hvdtrain.launch.run_workers`.
+"""What each rank runs under :func:`hvdtrain.jobs.launch.run_workers`.
 
-``python -m hvdtrain._rank_entry RANK_DIR SCRIPT [ARGS...]`` sends this process's
+``python -m hvdtrain.jobs._rank_entry RANK_DIR SCRIPT [ARGS...]`` sends this process's
 stdout and stderr (Python's and the C++ runtime's alike) to ``RANK_DIR/rank-N.log``,
 runs SCRIPT as ``__main__``, and records its exit code in ``RANK_DIR/rank-N.exit``.
 A crash in native code while the script runs (a segfault, an abort) writes the Python

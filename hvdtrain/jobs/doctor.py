@@ -21,7 +21,7 @@ from pathlib import Path
 
 import hvdtrain
 from hvdtrain import horovod_patches
-from hvdtrain.launch import CONTROLLERS, LaunchError, run_workers
+from hvdtrain.jobs.launch import CONTROLLERS, LaunchError, run_workers
 
 SETUP_FIX = "run `bash scripts/setup.sh` from the hvdtrain checkout (or `make setup`)"
 REBUILD_FIX = (
