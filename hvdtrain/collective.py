@@ -6,8 +6,10 @@ Python objects. Each adapter gives its own with a function of one name, ``collec
 :class:`HorovodCollective` over ``horovod.torch`` (the torch adapter's
 ``_horovod.collective(process_set)``, one per Horovod process set) or over the Horovod
 that matches Keras's backend (``keras.backend.collective()``, for the Keras and
-TensorFlow adapters), and an mpi4py communicator's (``numpy.collective()``). The
-core's functions that need every rank take it: :func:`require_initialized`,
+TensorFlow adapters), and an mpi4py communicator's (``numpy.collective()``). Beside
+it, each adapter's ``tensors()`` is a :class:`TensorCollective`: the same workers moving
+tensors (the averaged step's allreduce, reduce-scatter, allgather and broadcast). The
+core's functions that need every rank take a :class:`Collective`: :func:`require_initialized`,
 :func:`gather` and :func:`broadcast` (both under :mod:`hvdtrain.watchdog`),
 :func:`on_rank0_for_all`,
 :func:`hvdtrain.consistency.check_ranks_agree`, :func:`hvdtrain.replicas.verify_checksums`
@@ -31,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from hvdtrain.watchdog import guard
 
@@ -62,6 +64,48 @@ class Collective(Protocol):
 
     def broadcast_object(self, value: Any, root_rank: int, name: str) -> Any:
         """``root_rank``'s ``value`` on every worker."""
+
+
+ReduceOp = Literal["sum", "average", "min", "max"]
+"""How :meth:`TensorCollective.allreduce` combines the workers' values."""
+
+
+class TensorCollective(Protocol):
+    """The tensor collectives of the averaged step over a group of workers, beside
+    :class:`Collective` (which moves Python objects).
+
+    Each adapter implements it once, as its ``tensors()``: the torch adapter over
+    ``horovod.torch`` (asynchronous, reducing in place), the Keras and TensorFlow
+    adapters over the Horovod of Keras's backend (in graphs too), the NumPy adapter
+    over mpi4py. The adapters' optimizers and the vote of :mod:`hvdtrain.gradients`
+    move their tensors through it. Each operation returns a handle that :meth:`wait`
+    turns into the result; an implementation whose operations complete at once returns
+    the result as the handle. ``name`` pairs a call across workers; ``prescale`` and
+    ``postscale`` multiply each worker's values before the reduction and the result
+    after it (Horovod's factors).
+    """
+
+    def size(self) -> int:
+        """The number of workers in the group."""
+
+    def allreduce(self, tensor: Any, name: str, *, op: ReduceOp = "sum",
+                  prescale: float = 1.0, postscale: float = 1.0) -> Any:
+        """``tensor`` combined over the workers by ``op`` ("average": the sum over
+        :meth:`size`)."""
+
+    def reduce_scatter(self, rows: Any, name: str, *, op: ReduceOp = "sum",
+                       prescale: float = 1.0, postscale: float = 1.0) -> Any:
+        """``rows`` (one row per worker, :meth:`size` rows) summed (or averaged) over the
+        workers; each worker receives its own row of the result."""
+
+    def allgather(self, tensor: Any, name: str) -> Any:
+        """Every worker's ``tensor``, concatenated along the first axis in rank order."""
+
+    def broadcast(self, tensor: Any, root_rank: int, name: str) -> Any:
+        """``root_rank``'s ``tensor`` on every worker."""
+
+    def wait(self, handle: Any) -> Any:
+        """The result of the operation that returned ``handle``."""
 
 
 @dataclass(frozen=True)

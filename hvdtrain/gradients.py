@@ -20,8 +20,8 @@ how the result is read is decided here, once:
 
 The functions that a graph adapter applies to tensors (:func:`joined_rescale`,
 :func:`some_ranks_joined`, :func:`any_rank`) use only arithmetic and comparison, and take
-the framework's ``maximum`` or collective as arguments, so the same rule serves Python
-numbers and tensors.
+the framework's ``maximum`` or its :class:`hvdtrain.collective.TensorCollective` as
+arguments, so the same rule serves Python numbers and every framework's tensors.
 
 Example::
 
@@ -39,6 +39,8 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from hvdtrain.collective import TensorCollective
 
 TALLY = 2
 """How many numbers ride behind the gradients: the count, then the bound."""
@@ -112,11 +114,12 @@ def some_ranks_joined(contributors: Any, size: int) -> Any:
     return contributors < size - 0.5
 
 
-def any_rank(flag: Any, sum_over_ranks: Callable[[Any], Any]) -> Any:
-    """Whether some rank raised its ``flag``: 1 where its condition holds, 0 where not (a
-    number or a tensor), summed over the ranks by ``sum_over_ranks`` (one scalar
-    allreduce). The answer is the same on every rank."""
-    return sum_over_ranks(flag) > 0
+def any_rank(flag: Any, tensors: TensorCollective, name: str) -> Any:
+    """Whether some rank raised its ``flag``: a one-element tensor of the adapter's
+    holding 1 where this rank's condition holds, 0 where not, summed over the ranks by
+    one allreduce through ``tensors`` (named ``name``). The answer, a boolean tensor,
+    is the same on every rank."""
+    return tensors.wait(tensors.allreduce(flag, name, op="sum")) > 0
 
 
 class NonFinitePolicy(enum.StrEnum):

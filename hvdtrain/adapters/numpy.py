@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 import numpy as np
 
 from hvdtrain import runtime, watchdog
-from hvdtrain.collective import Collective, require_initialized
+from hvdtrain.collective import Collective, ReduceOp, TensorCollective, require_initialized
 from hvdtrain.consistency import RankDisagreementError, check_ranks_agree, software_versions
 from hvdtrain.gradients import step_observers
 from hvdtrain.nonfinite import PLAIN_REMEDY, NonFiniteGradientError, nonfinite_gradient_message
@@ -120,6 +120,59 @@ def collective() -> Collective:
     return _ALL_WORKERS
 
 
+class _MpiTensors:
+    """The communicator given to :func:`init` as the core's
+    :class:`~hvdtrain.collective.TensorCollective`: mpi4py's buffer collectives on NumPy
+    arrays, each blocking, so each result is its own handle."""
+
+    def size(self) -> int:
+        return _comm().Get_size()
+
+    def allreduce(self, tensor: np.ndarray, name: str, *, op: ReduceOp = "sum",
+                  prescale: float = 1.0, postscale: float = 1.0) -> np.ndarray:
+        data = np.ascontiguousarray(tensor)
+        if prescale != 1.0:
+            data = data * prescale
+        total = np.empty_like(data)
+        mpi = _mpi()
+        _comm().Allreduce(data, total, op={"min": mpi.MIN, "max": mpi.MAX}.get(op, mpi.SUM))
+        if op == "average":
+            total /= self.size()
+        if postscale != 1.0:
+            total *= postscale
+        return total
+
+    def reduce_scatter(self, rows: np.ndarray, name: str, *, op: ReduceOp = "sum",
+                       prescale: float = 1.0, postscale: float = 1.0) -> np.ndarray:
+        data = np.ascontiguousarray(rows) * prescale
+        row = np.empty_like(data[0])
+        _comm().Reduce_scatter_block(data, row)
+        return row * (postscale / (self.size() if op == "average" else 1))
+
+    def allgather(self, tensor: np.ndarray, name: str) -> np.ndarray:
+        data = np.ascontiguousarray(tensor)
+        gathered = np.empty((self.size(), *data.shape), dtype=data.dtype)
+        _comm().Allgather(data, gathered)
+        return gathered.reshape(-1, *data.shape[1:])
+
+    def broadcast(self, tensor: np.ndarray, root_rank: int, name: str) -> np.ndarray:
+        data = np.array(tensor, copy=True, order="C")
+        _comm().Bcast(data, root=root_rank)
+        return data
+
+    def wait(self, handle: np.ndarray) -> np.ndarray:
+        return handle
+
+
+_ALL_TENSORS = _MpiTensors()
+
+
+def tensors() -> TensorCollective:
+    """The workers moving arrays, as the core's
+    :class:`~hvdtrain.collective.TensorCollective` (each adapter has its ``tensors()``)."""
+    return _ALL_TENSORS
+
+
 def _comm() -> MPI.Comm:
     require_initialized(_ALL_WORKERS, "hvdtrain.adapters.numpy")
     return _communicator
@@ -155,9 +208,8 @@ def allreduce_mean(array: Any) -> np.ndarray:
                       "allreduce_mean", name="allreduce_mean's shapes and dtypes")
     if not np.issubdtype(data.dtype, np.floating):
         data = data.astype(np.int64)
-    total = np.empty_like(data)
     with watchdog.guard("allreduce_mean's Allreduce"):
-        _comm().Allreduce(data, total)  # mpi4py's default op: MPI.SUM
+        total = _ALL_TENSORS.allreduce(data, "allreduce_mean")
     if np.issubdtype(total.dtype, np.floating):
         total /= size()
         return total
@@ -174,7 +226,7 @@ def broadcast(array: Any, root_rank: int = 0) -> np.ndarray:
                                   root=root_rank)
         if data is None:
             data = np.empty(shape, dtype=np.dtype(dtype))
-        comm.Bcast(data, root=root_rank)
+        data = _ALL_TENSORS.broadcast(data, root_rank, "broadcast")
     return data
 
 
@@ -249,10 +301,8 @@ class DistributedSGD:
 
     def _averaged(self, grads: Sequence[np.ndarray]) -> list[np.ndarray]:
         flat = np.concatenate([np.asarray(g, dtype=self._wire_dtype).reshape(-1) for g in grads])
-        total = np.empty_like(flat)
         with watchdog.guard(f"the gradient Allreduce of step {self.steps_taken}"):
-            _comm().Allreduce(flat, total)
-        total /= size()
+            total = _ALL_TENSORS.allreduce(flat, "hvdtrain.gradients", op="average")
         pieces = np.split(total, np.cumsum([p.size for p in self.params])[:-1])
         return [piece.reshape(p.shape).astype(p.dtype, copy=False)
                 for piece, p in zip(pieces, self.params, strict=True)]

@@ -26,6 +26,7 @@ from workers.keras_common import (
     shard,
     use_floatx,
 )
+from workers.scenarios import expected_tensor_collective
 
 import hvdtrain.adapters.keras as hvk
 
@@ -345,3 +346,19 @@ def test_a_nonfinite_accumulation_window_is_skipped_and_the_next_starts_clean(ke
         assert keras_run.both("accumulate_nonfinite")[rank]["skipped"] == 1
         assert max_difference(keras_run.arrays("accumulate_nonfinite", rank), reference) \
             <= FLOAT64_TOLERANCE
+
+
+def check_tensor_collective(run) -> None:
+    for rank, report in enumerate(run.both("tensor_collective")):
+        report = {key: value for key, value in report.items() if key not in ("scenario", "rank")}
+        assert report == expected_tensor_collective(2, rank)
+
+
+def test_the_tensor_collective_moves_keras_tensors_as_the_core_expects(keras_run):
+    """tensors(): the core's TensorCollective over horovod.tensorflow, each operation
+    against the ranks' values combined here."""
+    check_tensor_collective(keras_run)
+
+
+def test_the_tensor_collective_on_the_torch_backend(keras_torch_run):
+    check_tensor_collective(keras_torch_run)

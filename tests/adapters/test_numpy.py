@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from harness import Run, launch, max_difference
 from workers.numpy_common import STEPS, reference_sgd
+from workers.scenarios import expected_tensor_collective
 
 from hvdtrain.schedule import LinearScalingSchedule
 
@@ -91,3 +92,11 @@ def test_gloo_launch_gets_a_clear_error(tmp_path):
     for rank in result.ranks:
         assert "horovodrun --gloo" in rank.output
         assert "horovodrun --mpi -np N" in rank.output and "mpirun -np N" in rank.output
+
+
+def test_the_tensor_collective_moves_arrays_as_the_core_expects(run):
+    """tensors(): the core's TensorCollective over mpi4py, each operation against the
+    ranks' values combined here."""
+    for rank, report in enumerate(run.both("tensor_collective")):
+        report = {key: value for key, value in report.items() if key not in ("scenario", "rank")}
+        assert report == expected_tensor_collective(2, rank)

@@ -7,6 +7,7 @@ The launch, shared by tests/adapters/test_torch_*.py: conftest.py's ``torch_run`
 import pytest
 import torch
 from torch_results import max_difference, tensors
+from workers.scenarios import expected_tensor_collective
 from workers.torch_common import (
     JOIN_STEPS,
     STEPS,
@@ -174,3 +175,11 @@ def test_grad_scaler_steps_like_plain_averaging(torch_run, name):
     assert max_difference(tensors(torch_run, name), expected) <= 1e-6
     rank0, rank1 = torch_run.both(name)
     assert rank0["checksum"] == rank1["checksum"]
+
+
+def test_the_tensor_collective_moves_tensors_as_the_core_expects(torch_run):
+    """tensors(): the core's TensorCollective over horovod.torch, each operation against
+    the ranks' values combined here."""
+    for rank, report in enumerate(torch_run.both("tensor_collective")):
+        report = {key: value for key, value in report.items() if key not in ("scenario", "rank")}
+        assert report == expected_tensor_collective(2, rank)

@@ -35,11 +35,12 @@ from keras_common import (
     shard,
     use_floatx,
 )
+from scenarios import exercise_tensor_collective, run_scenarios
 from scenarios import report as report_for_rank
-from scenarios import run_scenarios
 
 import hvdtrain.adapters.keras as hvk
 from hvdtrain.adapters.keras import tally
+from hvdtrain.adapters.keras.backend import tensors
 from hvdtrain.replicas import checksums
 
 OUT = Path(sys.argv[1])
@@ -533,6 +534,12 @@ def scenario_accumulate_nonfinite() -> None:
     save("accumulate_nonfinite", model)
 
 
+def scenario_tensor_collective() -> None:
+    report("tensor_collective", **exercise_tensor_collective(
+        tensors(), hvk.rank(), keras.ops.convert_to_tensor,
+        lambda t: keras.ops.convert_to_numpy(t).tolist()))
+
+
 # One gradient element per case, set on each rank (rank 0's value, rank 1's value, the
 # compression); the same cases as tests/workers/torch_adapter.py's nonfinite_edges.
 LARGE = 0.75 * float(np.finfo(np.float32).max)
@@ -688,6 +695,7 @@ def main() -> None:
         "join_uneven": scenario_join_uneven,
         "join_twice": scenario_join_twice,
         "nonfinite_edges": scenario_nonfinite_edges,
+        "tensor_collective": scenario_tensor_collective,
     }
     if TENSORFLOW:
         scenarios.update({

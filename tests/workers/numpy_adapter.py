@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 from numpy_common import STEPS, gradients, make_data, make_weights, rows
-from scenarios import EventRecorder
+from scenarios import EventRecorder, exercise_tensor_collective
 
 import hvdtrain.adapters.numpy as hvn
 from hvdtrain.gradients import step_observers
@@ -92,6 +92,8 @@ def main() -> None:
     hvn.init()
     scenario_collectives()
     scenario_sgd()
+    report("tensor_collective", **exercise_tensor_collective(
+        hvn.tensors(), hvn.rank(), np.asarray, lambda a: a.tolist()))
 
 
 if __name__ == "__main__":

@@ -65,3 +65,54 @@ class EventRecorder:
 
     def step_finished(self, step, applied):
         self.events.append(["step_finished", step, applied])
+
+
+def exercise_tensor_collective(workers, rank: int, to_tensor, to_list) -> dict:
+    """Each operation of an adapter's ``tensors()`` (the core's TensorCollective) on
+    this rank's own values, (rank + 1) times a (size, 4) range; the tests compare the
+    results with :func:`expected_tensor_collective`. ``to_tensor`` makes the adapter's
+    tensor of a NumPy array, ``to_list`` reads one back."""
+    import numpy as np
+
+    size = workers.size()
+    base = np.arange(4 * size, dtype=np.float32).reshape(size, 4)
+
+    def mine():
+        return to_tensor(base * (rank + 1))
+
+    def done(handle):
+        return to_list(workers.wait(handle))
+
+    return {
+        "size": size,
+        "sum": done(workers.allreduce(mine(), "hvdtrain.test.sum")),
+        "average_scaled": done(workers.allreduce(mine(), "hvdtrain.test.average", op="average",
+                                                 prescale=2.0, postscale=0.5)),
+        "min": done(workers.allreduce(mine(), "hvdtrain.test.min", op="min")),
+        "max": done(workers.allreduce(mine(), "hvdtrain.test.max", op="max")),
+        "reduce_scatter": np.asarray(done(workers.reduce_scatter(
+            mine(), "hvdtrain.test.reduce_scatter", op="average"))).reshape(-1).tolist(),
+        "allgather": done(workers.allgather(to_tensor(base[:1] * (rank + 1)),
+                                            "hvdtrain.test.allgather")),
+        "broadcast": done(workers.broadcast(mine(), size - 1, "hvdtrain.test.broadcast")),
+    }
+
+
+def expected_tensor_collective(size: int, rank: int) -> dict:
+    """What :func:`exercise_tensor_collective` must give on ``rank`` of ``size``,
+    computed here from the ranks' values."""
+    import numpy as np
+
+    base = np.arange(4 * size, dtype=np.float64).reshape(size, 4)
+    values = [base * (r + 1) for r in range(size)]
+    total = sum(values)
+    return {
+        "size": size,
+        "sum": total.tolist(),
+        "average_scaled": (total * 2.0 / size * 0.5).tolist(),
+        "min": np.minimum.reduce(values).tolist(),
+        "max": np.maximum.reduce(values).tolist(),
+        "reduce_scatter": (total / size)[rank].reshape(-1).tolist(),
+        "allgather": np.concatenate([v[:1] for v in values]).tolist(),
+        "broadcast": values[size - 1].tolist(),
+    }

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import horovod
 import torch
-from scenarios import EventRecorder, run_scenarios
+from scenarios import EventRecorder, exercise_tensor_collective, run_scenarios
 from scenarios import report as report_for_rank
 from torch_common import (
     STEPS,
@@ -29,6 +29,7 @@ from torch_common import (
 
 import hvdtrain.adapters.torch as hvt
 from hvdtrain import horovod_patches
+from hvdtrain.adapters.torch._horovod import tensors
 from hvdtrain.gradients import step_observers
 
 OUT = Path(sys.argv[1])
@@ -166,6 +167,12 @@ def scenario_verify_replicas() -> None:
     except hvt.ReplicaMismatchError as error:
         message = str(error)
     report("verify_replicas", message=message)
+
+
+def scenario_tensor_collective() -> None:
+    workers = tensors()
+    report("tensor_collective", **exercise_tensor_collective(
+        workers, hvt.rank(), torch.from_numpy, lambda t: t.tolist()))
 
 
 def scenario_skip_nonfinite() -> None:
@@ -593,6 +600,7 @@ def main() -> None:
         "mismatch": scenario_mismatch,
         "verify_replicas": scenario_verify_replicas,
         "skip_nonfinite": scenario_skip_nonfinite,
+        "tensor_collective": scenario_tensor_collective,
         "nonfinite_edges": scenario_nonfinite_edges,
         "checkpoint": scenario_checkpoint,
         "grad_scaler": functools.partial(scenario_grad_scaler, "grad_scaler"),

@@ -1,6 +1,7 @@
 """Which Horovod the Keras adapter runs on: the one that matches Keras's backend
 (``horovod.tensorflow`` or ``horovod.torch``), and its workers as a
-:class:`hvdtrain.collective.Collective`.
+:class:`hvdtrain.collective.Collective` and a
+:class:`hvdtrain.collective.TensorCollective`.
 
 Only one of the two Horovod modules is ever imported in a process: both carry a copy
 of Horovod's core, and initialising both crashes under MPI.
@@ -10,11 +11,13 @@ from __future__ import annotations
 
 import functools
 import importlib
+from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 import keras
 
-from hvdtrain.collective import Collective, HorovodCollective
+from hvdtrain.collective import Collective, HorovodCollective, ReduceOp, TensorCollective
 
 SUPPORTED_BACKENDS = {"tensorflow": "horovod.tensorflow", "torch": "horovod.torch"}
 # Horovod pairs collectives across ranks by name. In TensorFlow graphs the name gets the
@@ -39,6 +42,53 @@ def horovod() -> ModuleType:
 def collective() -> Collective:
     """The workers of the Horovod that matches Keras's backend."""
     return HorovodCollective(horovod(), "init()")
+
+
+@dataclass(frozen=True)
+class KerasTensors:
+    """The workers of the Horovod that matches Keras's backend (all of them, or one
+    process set's) as the core's :class:`~hvdtrain.collective.TensorCollective`, on
+    Keras tensors and in TensorFlow graphs: each operation's result is its own handle."""
+
+    process_set: Any = None
+
+    def _options(self) -> dict[str, Any]:
+        within = {} if self.process_set is None else {"process_set": self.process_set}
+        return {**within, **UNSCOPED}
+
+    def size(self) -> int:
+        return int((self.process_set or horovod().global_process_set).size())
+
+    def allreduce(self, tensor: Any, name: str, *, op: ReduceOp = "sum",
+                  prescale: float = 1.0, postscale: float = 1.0) -> Any:
+        return horovod().allreduce(tensor, op=_horovod_op(op), prescale_factor=prescale,
+                                   postscale_factor=postscale, name=name, **self._options())
+
+    def reduce_scatter(self, rows: Any, name: str, *, op: ReduceOp = "sum",
+                       prescale: float = 1.0, postscale: float = 1.0) -> Any:
+        return horovod().reducescatter(rows, op=_horovod_op(op), prescale_factor=prescale,
+                                       postscale_factor=postscale, name=name,
+                                       **self._options())
+
+    def allgather(self, tensor: Any, name: str) -> Any:
+        return horovod().allgather(tensor, name=name, **self._options())
+
+    def broadcast(self, tensor: Any, root_rank: int, name: str) -> Any:
+        return horovod().broadcast(tensor, root_rank, name=name, **self._options())
+
+    def wait(self, handle: Any) -> Any:
+        return handle
+
+
+def _horovod_op(op: ReduceOp) -> Any:
+    hvd = horovod()
+    return {"sum": hvd.Sum, "average": hvd.Average, "min": hvd.Min, "max": hvd.Max}[op]
+
+
+def tensors(process_set: Any = None) -> TensorCollective:
+    """The workers of the Horovod that matches Keras's backend (all of them, or
+    ``process_set``'s) moving tensors; each adapter has its ``tensors()``."""
+    return KerasTensors(process_set)
 
 
 def accelerator_visible() -> bool:

@@ -16,8 +16,9 @@ import keras
 import numpy as np
 from keras import ops
 
-from hvdtrain.adapters.keras import tally
+from hvdtrain.adapters.keras import backend, tally
 from hvdtrain.adapters.keras.backend import UNSCOPED, horovod
+from hvdtrain.collective import TensorCollective
 from hvdtrain.gradients import (
     COUNT,
     any_rank,
@@ -73,16 +74,18 @@ def average_gradients(grads: Sequence[Any], compression: str | None, op: Any, *,
     tensors = [dense(grads[i]) for i in present]
     within = {} if process_set is None else {"process_set": process_set}
     hvd = horovod()
-    ranks = (process_set or hvd.global_process_set).size()
+    workers = backend.tensors(process_set)
+    ranks = workers.size()
     if compression == "bf16":
         if prescale != 1.0:
             tensors = [t * prescale for t in tensors]
-        reduced = _bf16_reduce(tensors, op, within)
+        reduced = _bf16_reduce(tensors, op == hvd.Average, workers)
         if postscale != 1.0:
             reduced = [t * postscale for t in reduced]
     elif compression is None and tally.packs(tensors):
         return _placed(grads, present, _flat_reduce(
-            tensors, op, prescale, postscale, within, ranks, check_step, remedy, named))
+            tensors, op == hvd.Average, prescale, postscale, workers, check_step, remedy,
+            named))
     else:
         counted = op == hvd.Average
         if counted:
@@ -107,24 +110,25 @@ def _placed(grads: Sequence[Any], present: list[int], reduced: list[Any]) -> lis
     return result
 
 
-def _flat_reduce(tensors: list[Any], op: Any, prescale: float, postscale: float,
-                 within: dict[str, Any], ranks: int, check_step: Any,
-                 remedy: str, names: Sequence[str] | None) -> list[Any]:
+def _flat_reduce(tensors: list[Any], average: bool, prescale: float, postscale: float,
+                 workers: TensorCollective, check_step: Any, remedy: str,
+                 names: Sequence[str] | None) -> list[Any]:
     """:func:`average_gradients` through one flat buffer with its tally."""
-    hvd = horovod()
+    ranks = workers.size()
     check = check_step is not None
     messages, step_tensor = _step_messages(names, len(tensors), check_step if check else 0,
                                            remedy)
     # What one rank's 1 becomes in the reduction (and each gradient's unit).
-    unit = prescale * postscale / (ranks if op == hvd.Average else 1)
+    unit = prescale * postscale / (ranks if average else 1)
     largest = float(np.finfo(tensors[0].dtype.as_numpy_dtype).max)
     flat = tally.pack(tensors, bound=check)
-    flat = hvd.allreduce(flat, op=op, prescale_factor=prescale, postscale_factor=postscale,
-                         name="hvdtrain.gradients", **within, **UNSCOPED)
+    flat = workers.wait(workers.allreduce(flat, "hvdtrain.gradients",
+                                          op="average" if average else "sum",
+                                          prescale=prescale, postscale=postscale))
     reduced, numbers = tally.unpack(
         flat, [t.shape for t in tensors], step_tensor, check=check, message=messages,
         limit=finite_bound_limit(largest, prescale=prescale, unit=unit))
-    if op != hvd.Average:
+    if not average:
         return reduced
     rechecked = (lambda rescaled: require_finite(rescaled, check_step, remedy, names)) \
         if check else None
@@ -228,17 +232,15 @@ def finite_on_every_rank(grads: Sequence[Any]) -> Any:
     (:func:`hvdtrain.gradients.any_rank`, the vote every adapter takes)."""
     present = [g for g in grads if g is not None]
     flag = ops.reshape(ops.cast(ops.logical_not(all_finite(present)), "float32"), [1])
-    hvd = horovod()
-    nonfinite = any_rank(flag, lambda f: hvd.allreduce(f, op=hvd.Sum,
-                                                       name="hvdtrain.nonfinite", **UNSCOPED))
+    nonfinite = any_rank(flag, backend.tensors(), "hvdtrain.nonfinite")
     return ops.logical_not(ops.reshape(nonfinite, []))
 
 
 def sum_over_ranks(tensor: Any, name: str) -> Any:
     """The sum of ``tensor`` over all ranks, differentiable (its gradient is the sum of
     the ranks' gradients); ``name`` pairs the collective across ranks."""
-    hvd = horovod()
-    return hvd.allreduce(tensor, op=hvd.Sum, name=name, **UNSCOPED)
+    workers = backend.tensors()
+    return workers.wait(workers.allreduce(tensor, name))
 
 
 def dense(gradient: Any) -> Any:
@@ -252,16 +254,17 @@ def dense(gradient: Any) -> Any:
     return ops.convert_to_tensor(gradient)
 
 
-def _bf16_reduce(tensors: list[Any], op: Any, within: dict[str, Any]) -> list[Any]:
-    hvd = horovod()
+def _bf16_reduce(tensors: list[Any], average: bool, workers: TensorCollective) -> list[Any]:
+    """The sum (or average) of ``tensors`` over the workers with bfloat16 on the wire:
+    through an allgather (Horovod 0.28.1 reduces no bfloat16), added in rank order."""
     dtype = tensors[0].dtype
     flat = ops.concatenate([ops.reshape(ops.cast(t, "float32"), [-1]) for t in tensors])
     bits = _bitcast(ops.cast(flat, "bfloat16"), "int16")
-    gathered = hvd.allgather(ops.reshape(bits, [1, -1]), name="hvdtrain.gradients.bf16",
-                             **within, **UNSCOPED)
+    gathered = workers.wait(workers.allgather(ops.reshape(bits, [1, -1]),
+                                              "hvdtrain.gradients.bf16"))
     values = ops.cast(_bitcast(gathered, "bfloat16"), "float32")
     total = ops.sum(values, axis=0)
-    if op == hvd.Average:
+    if average:
         total = total / ops.cast(ops.shape(values)[0], "float32")
     sizes = [int(np.prod(t.shape)) for t in tensors]
     pieces = ops.split(total, np.cumsum(sizes)[:-1].tolist()) if len(sizes) > 1 else [total]

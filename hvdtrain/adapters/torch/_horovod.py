@@ -40,7 +40,7 @@ from horovod.torch import elastic as _torch_elastic
 from horovod.torch.optimizer import _DistributedOptimizer as HorovodOptimizer
 
 from hvdtrain import watchdog
-from hvdtrain.collective import Collective, HorovodCollective
+from hvdtrain.collective import Collective, HorovodCollective, ReduceOp, TensorCollective
 
 CHECKED_VERSION = "0.28.1"
 PRIVATE_APIS: dict[str, tuple[object, tuple[str, ...]]] = {
@@ -110,13 +110,58 @@ def collective(process_set: hvd.ProcessSet = hvd.global_process_set) -> Collecti
         ProcessSetCollective(process_set)
 
 
-def allreduce_number(value: float, op: Any, name: str, process_set: hvd.ProcessSet,
+_HOROVOD_OPS = {"sum": hvd.Sum, "average": hvd.Average, "min": hvd.Min, "max": hvd.Max}
+
+
+@dataclass(frozen=True)
+class TorchTensors:
+    """The ranks of one Horovod process set as the core's
+    :class:`~hvdtrain.collective.TensorCollective`: Horovod's asynchronous torch
+    operations (allreduce and broadcast in place), each handle awaited by
+    :meth:`wait` (``horovod.torch.synchronize``)."""
+
+    process_set: hvd.ProcessSet = hvd.global_process_set
+
+    def size(self) -> int:
+        return int(self.process_set.size())
+
+    def allreduce(self, tensor: torch.Tensor, name: str, *, op: ReduceOp = "sum",
+                  prescale: float = 1.0, postscale: float = 1.0) -> Any:
+        return hvd.allreduce_async_(tensor, name=name, op=_HOROVOD_OPS[op],
+                                    prescale_factor=prescale, postscale_factor=postscale,
+                                    process_set=self.process_set)
+
+    def reduce_scatter(self, rows: torch.Tensor, name: str, *, op: ReduceOp = "sum",
+                       prescale: float = 1.0, postscale: float = 1.0) -> Any:
+        return hvd.reducescatter_async(rows, name=name, op=_HOROVOD_OPS[op],
+                                       prescale_factor=prescale, postscale_factor=postscale,
+                                       process_set=self.process_set)
+
+    def allgather(self, tensor: torch.Tensor, name: str) -> Any:
+        return hvd.allgather_async(tensor, name=name, process_set=self.process_set)
+
+    def broadcast(self, tensor: torch.Tensor, root_rank: int, name: str) -> Any:
+        return hvd.broadcast_async_(tensor, root_rank, name=name, process_set=self.process_set)
+
+    def wait(self, handle: Any) -> torch.Tensor:
+        return hvd.synchronize(handle)
+
+
+def tensors(process_set: hvd.ProcessSet = hvd.global_process_set) -> TensorCollective:
+    """The workers of ``process_set`` (all of them by default) moving tensors, as the
+    core's :class:`~hvdtrain.collective.TensorCollective`; each adapter has its
+    ``tensors()``."""
+    return TorchTensors(process_set)
+
+
+def allreduce_number(value: float, op: ReduceOp, name: str, process_set: hvd.ProcessSet,
                      what: str) -> float:
     """``value`` reduced by ``op`` over the ranks of ``process_set`` (one float64
     allreduce under the watchdog, which names it ``what`` if it hangs)."""
+    workers = tensors(process_set)
     with watchdog.guard(what):
-        return hvd.allreduce(torch.tensor(value, dtype=torch.float64), op=op, name=name,
-                             process_set=process_set).item()
+        return workers.wait(workers.allreduce(torch.tensor(value, dtype=torch.float64), name,
+                                              op=op)).item()
 
 
 require_private_apis()

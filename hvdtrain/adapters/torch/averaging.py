@@ -14,16 +14,15 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-import horovod.torch as _hvd
 import torch
-from horovod.torch import Average, ProcessSet, Sum
+from horovod.torch import Average, ProcessSet
 
 from hvdtrain import watchdog
 
 # Horovod's optimizer class: its methods add the gradient hooks, fusion and
 # synchronize(); distributed_class builds on them.
 from hvdtrain.adapters.torch._horovod import HorovodOptimizer as _HorovodOptimizer
-from hvdtrain.adapters.torch._horovod import allreduce_number
+from hvdtrain.adapters.torch._horovod import tensors
 from hvdtrain.adapters.torch.compression import HOROVOD_COMPRESSION, bf16_allreduce_async
 from hvdtrain.adapters.torch.tally import flat_with_tally, read_tally
 from hvdtrain.gradients import (
@@ -71,6 +70,8 @@ class CheckedAveraging:
         self.skipped_steps = 0
         self.steps_taken = 0
         self._wire = wire_format(compression)
+        self._tensors = tensors(self.process_set)
+        self._reduce_op = "average" if op == Average else "sum"
         self._flat_gradients: list[tuple[torch.Tensor, list[torch.Tensor], bool]] = []
         self._contributors: Any = None  # this step's count of ranks, per-tensor path
         self._all_contributed = False  # whether every rank sent this step's gradients
@@ -254,17 +255,16 @@ class CheckedAveraging:
         for (dtype, device), parameters in by_kind.items():
             flat = self._pack([p.grad for p in parameters], dtype, device)
             wire, context = self._compression.compress(flat)
-            handle = _hvd.allreduce_async_(wire, name=f"hvdtrain.gradients.{dtype}",
-                                           op=self.op, prescale_factor=1.0 / predivide,
-                                           postscale_factor=postscale * predivide,
-                                           process_set=self.process_set)
+            handle = self._tensors.allreduce(wire, f"hvdtrain.gradients.{dtype}",
+                                             op=self._reduce_op, prescale=1.0 / predivide,
+                                             postscale=postscale * predivide)
             pending.append((parameters, flat, context, handle))
         # What one contributed 1 (and each gradient element g) became after the reduction.
         unit = postscale / (self.process_set.size() if self.op == Average else 1)
         with watchdog.guard(lambda: self._describe_allreduce(
                 [p for parameters, *_ in pending for p in parameters])):
             for parameters, flat, context, handle in pending:
-                averaged = self._compression.decompress(_hvd.synchronize(handle), context)
+                averaged = self._compression.decompress(self._tensors.wait(handle), context)
                 if averaged is not flat:
                     flat.copy_(averaged)
                 gradients, contributors, finite = read_tally(
@@ -350,7 +350,7 @@ class CheckedAveraging:
             self._count_contributors()
             return _HorovodOptimizer._allreduce_grad_async(self, parameter)
         return bf16_allreduce_async(parameter.grad, self._parameter_names.get(parameter),
-                                     self.op), None
+                                     self._reduce_op, self._tensors), None
 
     def _grouped_allreduce_grad_async(self, parameters):
         self._count_contributors()
@@ -361,9 +361,7 @@ class CheckedAveraging:
         rank that called ``join()`` adds 0): its sum is the number of ranks that sent
         gradients. Started early, it travels in the same cycle as the first gradients."""
         if self._contributors is None and self.op == Average:
-            self._contributors = _hvd.allreduce_async_(
-                torch.ones(1), name="hvdtrain.contributors", op=Sum,
-                process_set=self.process_set)
+            self._contributors = self._tensors.allreduce(torch.ones(1), "hvdtrain.contributors")
 
     def _average_over_contributors(self, handle: Any) -> None:
         """After Horovod's per-tensor averages, which divide by every rank: rescale the
@@ -373,7 +371,7 @@ class CheckedAveraging:
             return
         dense = [p.grad for p in self._requires_update
                  if p.grad is not None and not p.grad.is_sparse]
-        self._rescale_after_join(dense, round(_hvd.synchronize(handle).item()))
+        self._rescale_after_join(dense, round(self._tensors.wait(handle).item()))
 
     def _rescale_after_join(self, gradients: torch.Tensor | list[torch.Tensor],
                             contributors: int) -> None:
@@ -394,6 +392,6 @@ class CheckedAveraging:
         alone."""
         if not self.process_set.included():
             return condition
-        return any_rank(1.0 if condition else 0.0, lambda flag: allreduce_number(
-            flag, Sum, "hvdtrain.any_rank", self.process_set,
-            "the non-finite gradient vote (hvdtrain.any_rank)"))
+        flag = torch.tensor([1.0 if condition else 0.0], dtype=torch.float64)
+        with watchdog.guard("the non-finite gradient vote (hvdtrain.any_rank)"):
+            return bool(any_rank(flag, self._tensors, "hvdtrain.any_rank"))

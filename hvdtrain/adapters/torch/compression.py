@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import horovod.torch as _hvd
 import torch
-from horovod.torch import Average, Compression
+from horovod.torch import Compression
 
+from hvdtrain.collective import ReduceOp, TensorCollective
 from hvdtrain.validation import require_compression
 
 # bf16 travels through Horovod's allgather (bf16_allreduce_async), so Horovod sees none.
@@ -16,20 +16,22 @@ HOROVOD_COMPRESSION = {None: Compression.none, "fp16": Compression.fp16,
                        "bf16": Compression.none}
 
 
-def bf16_allreduce_async(gradient: torch.Tensor, name: str, op) -> Any:
-    """Average (or sum) ``gradient`` across ranks with bfloat16 on the wire.
+def bf16_allreduce_async(gradient: torch.Tensor, name: str, op: ReduceOp,
+                         tensors: TensorCollective) -> Any:
+    """Average (or sum, by ``op``) ``gradient`` across the workers of ``tensors`` with
+    bfloat16 on the wire.
 
     Horovod 0.28.1 has no bfloat16 reduction, so the bfloat16 bits travel as int16
     through Horovod's allgather and each rank adds the ranks' values in rank order
     in the gradient's own dtype: every rank gets the identical result.
     """
     bits = gradient.detach().to(torch.bfloat16).reshape(1, -1).view(torch.int16)
-    handle = _hvd.allgather_async(bits, name=f"{name}.bf16")
+    handle = tensors.allgather(bits, f"{name}.bf16")
 
     def reduced() -> torch.Tensor:
-        gathered = _hvd.synchronize(handle).view(torch.bfloat16).to(gradient.dtype)
+        gathered = tensors.wait(handle).view(torch.bfloat16).to(gradient.dtype)
         total = gathered.sum(dim=0)
-        if op == Average:
+        if op == "average":
             total /= gathered.shape[0]
         return total.view_as(gradient)
 

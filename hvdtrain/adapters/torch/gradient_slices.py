@@ -92,10 +92,9 @@ class SlicedGradients:
             rows = rows_with_tally([p.grad for p in shard.parameters], shard.layout,
                                    bound=self.on_nonfinite.checks)
             wire, context = self._compression.compress(rows)
-            handle = _hvd.reducescatter_async(
-                wire, name=f"hvdtrain.gradient_slices.{index}", op=self.op,
-                prescale_factor=1.0 / predivide, postscale_factor=postscale * predivide,
-                process_set=self.process_set)
+            handle = self._tensors.reduce_scatter(
+                wire, f"hvdtrain.gradient_slices.{index}", op=self._reduce_op,
+                prescale=1.0 / predivide, postscale=postscale * predivide)
             pending.append((shard, context, handle))
             for parameter in shard.parameters:
                 parameter.grad.fill_(float("nan"))
@@ -103,7 +102,7 @@ class SlicedGradients:
         with watchdog.guard(f"the gradient reduce-scatter of step {self.steps_taken}"), \
                 explaining_join():
             for shard, context, handle in pending:
-                row = self._compression.decompress(_hvd.synchronize(handle), context)
+                row = self._compression.decompress(self._tensors.wait(handle), context)
                 gradients, contributors, finite = read_tally(
                     row.reshape(-1), unit, prescale=1.0 / predivide,
                     largest=self._wire_largest(row.dtype))
@@ -153,7 +152,7 @@ class SlicedGradients:
                         first = min(first, position + piece.tensor)
                         break
             position += len(shard.parameters)
-        found = allreduce_number(first, _hvd.Min, "hvdtrain.nonfinite_slices", self.process_set,
+        found = allreduce_number(first, "min", "hvdtrain.nonfinite_slices", self.process_set,
                                  "the non-finite gradient vote (hvdtrain.nonfinite_slices)")
         if not math.isfinite(found):
             return None
@@ -171,9 +170,9 @@ class SlicedGradients:
         local = local.to(torch.float64).reshape(1)
         infinite = math.isinf(norm_type)
         with watchdog.guard("the gradient norm allreduce (clip_grad_norm_)"):
-            total = _hvd.allreduce(local if infinite else local.pow(norm_type),
-                                   op=_hvd.Max if infinite else _hvd.Sum,
-                                   name="hvdtrain.gradient_norm", process_set=self.process_set)
+            total = self._tensors.wait(self._tensors.allreduce(
+                local if infinite else local.pow(norm_type), "hvdtrain.gradient_norm",
+                op="max" if infinite else "sum"))
         norm = total[0] if infinite else total[0].pow(1.0 / norm_type)
         if slices:
             norm = norm.to(slices[0].grad.dtype)

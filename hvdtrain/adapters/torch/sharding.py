@@ -30,12 +30,12 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
-import horovod.torch as _hvd
 import torch
 from horovod.common.exceptions import HorovodInternalError
 
 from hvdtrain import allocator, watchdog
 from hvdtrain.adapters.torch._horovod import HorovodOptimizer
+from hvdtrain.collective import TensorCollective
 from hvdtrain.sharding import ShardLayout
 
 __all__ = ["ELEMENTWISE_OPTIMIZERS", "ParameterShard", "ShardedSteps", "explaining_join",
@@ -146,28 +146,27 @@ class ParameterShard:
                     value.reshape(-1)[piece.tensor_offset:piece.tensor_offset + piece.length])
         return part
 
-    def gather_slices(self, process_set: Any, name: str) -> Any:
+    def gather_slices(self, tensors: TensorCollective, name: str) -> Any:
         """Start the all-gather of every worker's (padded) slice of the buffer; its
         result is copied into the buffer by :meth:`take_gathered`."""
         length = self.layout.shard_length
         own = self.buffer[self.layout.rank * length:(self.layout.rank + 1) * length]
-        return _hvd.allgather_async(own, name=name, process_set=process_set)
+        return tensors.allgather(own, name)
 
     def take_gathered(self, gathered: torch.Tensor) -> None:
         """Copy the result of :meth:`gather_slices` into the buffer."""
         self.buffer.copy_(gathered)
 
-    def broadcast_slices(self, process_set: Any, name: str) -> list[Any]:
-        """Start broadcasting each worker's slice of the buffer from it, in place
-        (Horovod handles; the process set's ``ranks`` are global ranks)."""
-        roots = process_set.ranks or list(range(self.layout.world_size))
+    def broadcast_slices(self, tensors: TensorCollective, roots: list[int], name: str
+                         ) -> list[Any]:
+        """Start broadcasting each worker's slice of the buffer from it (``roots``: each
+        worker's rank as Horovod's broadcast names it, a global rank), in place."""
         handles = []
         for index, root in enumerate(roots):
             start, end = self.layout.bounds(index)
             if start < end:
-                handles.append(_hvd.broadcast_async_(
-                    self.buffer[start:end], root_rank=root, name=f"{name}.{index}",
-                    process_set=process_set))
+                handles.append(tensors.broadcast(self.buffer[start:end], root,
+                                                 f"{name}.{index}"))
         return handles
 
 
@@ -305,15 +304,16 @@ class ShardedSteps:
                 continue
             name = f"hvdtrain.shard_params.{index}"
             if gather and shard.buffer.numel() * shard.buffer.element_size() <= GATHER_MAX_BYTES:
-                gathers.append((shard, shard.gather_slices(self.process_set, name)))
+                gathers.append((shard, shard.gather_slices(self._tensors, name)))
             else:
-                broadcasts.extend(shard.broadcast_slices(self.process_set, name))
+                roots = self.process_set.ranks or list(range(shard.layout.world_size))
+                broadcasts.extend(shard.broadcast_slices(self._tensors, roots, name))
         with watchdog.guard(f"the parameter exchange of step {self.steps_taken - 1}"), \
                 explaining_join():
             for shard, handle in gathers:
-                shard.take_gathered(_hvd.synchronize(handle))
+                shard.take_gathered(self._tensors.wait(handle))
             for handle in broadcasts:
-                _hvd.synchronize(handle)
+                self._tensors.wait(handle)
 
     def state_dict(self) -> dict[str, Any]:
         """The whole optimizer state, gathered from every worker's slice, in the format
@@ -338,8 +338,8 @@ class ShardedSteps:
                         values = [value.clone() if torch.is_tensor(value) else value
                                   for _ in shard.parameters]
                     else:
-                        gathered = _hvd.allgather(value, name=f"hvdtrain.shard_state.{number}."
-                                                  f"{key}", process_set=self.process_set) \
+                        gathered = self._tensors.wait(self._tensors.allgather(
+                            value, f"hvdtrain.shard_state.{number}.{key}")) \
                             if included else value
                         values = [v.clone() for v in shard.split(gathered)]
                     for parameter, item in zip(shard.parameters, values, strict=True):
