@@ -9,23 +9,21 @@ own operations instead.
   TensorFlow is installed, with TensorFlow's own compile and link flags.
 """
 
-import importlib.util
-import sys
+import ast
 from pathlib import Path
 
 from setuptools import Extension, setup
 
 
 def _tally_layout() -> list[tuple[str, str]]:
-    """hvdtrain.gradients' tally layout as C macros, read from the source (the package's
-    dependencies need not be installed to build it)."""
-    path = Path(__file__).resolve().parent / "hvdtrain" / "gradients.py"
-    spec = importlib.util.spec_from_file_location("_hvdtrain_gradients", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return [("HVDTRAIN_TALLY", str(module.TALLY)), ("HVDTRAIN_TALLY_COUNT", str(module.COUNT)),
-            ("HVDTRAIN_TALLY_BOUND", str(module.BOUND))]
+    """hvdtrain.gradients' tally layout (TALLY, COUNT, BOUND) as C macros, read from its
+    source's assignments (nothing of the package is imported to build it)."""
+    tree = ast.parse((Path(__file__).resolve().parent / "hvdtrain" / "gradients.py").read_text())
+    values = {target.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
+              for target in node.targets if isinstance(target, ast.Name)
+              and isinstance(node.value, ast.Constant)}
+    return [(f"HVDTRAIN_{macro}", str(values[name])) for macro, name in
+            (("TALLY", "TALLY"), ("TALLY_COUNT", "COUNT"), ("TALLY_BOUND", "BOUND"))]
 
 
 def _tensorflow_ops() -> list[Extension]:
