@@ -74,6 +74,7 @@ from hvdtrain.adapters.keras import (
     save_model,
     shutdown,
     size,
+    step_events,
 )
 from hvdtrain.adapters.keras.optimizer import accumulate_across_workers
 from hvdtrain.collective import require_initialized
@@ -130,7 +131,9 @@ class DistributedGradientTape:
         compression: None, "fp16" or "bf16" (see ``hvk.DistributedOptimizer``).
         op: ``Average`` (default) or ``Sum``.
         check_nonfinite: stop training when an averaged gradient holds NaN or Inf.
-        optimizer: the optimizer that applies the gradients: names the step in errors,
+        optimizer: the optimizer that applies the gradients: names the step in errors
+            and to the core's step observers (:data:`hvdtrain.gradients.step_observers`:
+            the reduction's start and end; a plain optimizer's update is not observed),
             and is needed when ``backward_passes_per_step`` > 1.
         backward_passes_per_step: micro-batches per update (see above).
     """
@@ -176,9 +179,13 @@ class DistributedGradientTape:
             step = self.optimizer.iterations if self.optimizer is not None else "(unknown)"
         names = [getattr(v, "path", None) or getattr(v, "name", None) or f"sources[{i}]"
                  for i, v in enumerate(tf.nest.flatten(sources))]
+        if self.optimizer is not None:  # the step the core's observers are told of
+            step_events.tell("reduction_started", self.optimizer.iterations)
         averaged = reduction.average_gradients(flat, self.compression, self.op,
                                                  check_step=step, remedy=TAPE_REMEDY,
                                                  names=names)
+        if self.optimizer is not None:
+            step_events.tell("reduction_finished", self.optimizer.iterations)
         return tf.nest.pack_sequence_as(grads, averaged)
 
 

@@ -362,3 +362,20 @@ def test_the_tensor_collective_moves_keras_tensors_as_the_core_expects(keras_run
 
 def test_the_tensor_collective_on_the_torch_backend(keras_torch_run):
     check_tensor_collective(keras_torch_run)
+
+
+STEP_EVENTS = [event for step in range(3) for event in (
+    ["reduction_started", step], ["reduction_finished", step],
+    ["step_finished", step, step != 1])]
+
+
+def test_step_observers_hear_every_update_of_fit(keras_run):
+    """hvdtrain.gradients' observers, called from fit's traced graph: each reduction,
+    and each update applied or (the NaN batch, skip_nonfinite=True) skipped."""
+    for report in keras_run.both("step_events"):
+        assert report["events"] == STEP_EVENTS
+
+
+def test_step_observers_on_the_torch_backend(keras_torch_run):
+    for report in keras_torch_run.both("step_events"):
+        assert report["events"] == STEP_EVENTS

@@ -35,12 +35,13 @@ from keras_common import (
     shard,
     use_floatx,
 )
-from scenarios import exercise_tensor_collective, run_scenarios
+from scenarios import EventRecorder, exercise_tensor_collective, run_scenarios
 from scenarios import report as report_for_rank
 
 import hvdtrain.adapters.keras as hvk
 from hvdtrain.adapters.keras import tally
 from hvdtrain.adapters.keras.backend import tensors
+from hvdtrain.gradients import step_observers
 from hvdtrain.replicas import checksums
 
 OUT = Path(sys.argv[1])
@@ -534,6 +535,25 @@ def scenario_accumulate_nonfinite() -> None:
     save("accumulate_nonfinite", model)
 
 
+def scenario_step_events() -> None:
+    """fit with skip_nonfinite=True, 3 batches, a NaN in rank 1's share of the second:
+    the core's step observers hear each reduction and whether each update was applied
+    (on TensorFlow through the traced graph)."""
+    use_floatx("float64")
+    x, y = shard(*make_data(), hvk.rank())
+    x, y = x[:3 * BATCH_PER_WORKER].copy(), y[:3 * BATCH_PER_WORKER]
+    if hvk.rank() == 1:
+        x[BATCH_PER_WORKER] = np.nan
+    events = []
+    stop_observing = step_observers.add(EventRecorder(events))
+    model = make_model()
+    model.compile(optimizer=hvk.DistributedOptimizer(make_optimizer("sgd"), skip_nonfinite=True),
+                  loss=loss(), jit_compile=False)
+    model.fit(x, y, batch_size=BATCH_PER_WORKER, epochs=1, shuffle=False, verbose=0)
+    stop_observing()
+    report("step_events", events=events)
+
+
 def scenario_tensor_collective() -> None:
     report("tensor_collective", **exercise_tensor_collective(
         tensors(), hvk.rank(), keras.ops.convert_to_tensor,
@@ -696,6 +716,7 @@ def main() -> None:
         "join_twice": scenario_join_twice,
         "nonfinite_edges": scenario_nonfinite_edges,
         "tensor_collective": scenario_tensor_collective,
+        "step_events": scenario_step_events,
     }
     if TENSORFLOW:
         scenarios.update({

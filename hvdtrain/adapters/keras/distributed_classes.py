@@ -15,7 +15,7 @@ import keras
 from keras import ops
 from keras.optimizers import LossScaleOptimizer
 
-from hvdtrain.adapters.keras import backend
+from hvdtrain.adapters.keras import backend, step_events
 from hvdtrain.adapters.keras.reduction import (
     average_gradients,
     check_op,
@@ -149,7 +149,9 @@ def distributed_class(base: type, reduction: Reduction, on_nonfinite: NonFiniteP
 
         def _clip_gradients(self, grads):
             raises = on_nonfinite is NonFinitePolicy.RAISE
+            step_events.tell("reduction_started", self.iterations)
             averaged = self._reduce(grads, self.iterations if raises else None)
+            step_events.tell("reduction_finished", self.iterations)
             if skip_nonfinite:
                 self._hvdtrain_update = finite_on_every_rank(averaged)
             return super()._clip_gradients(averaged)
@@ -178,13 +180,17 @@ def distributed_class(base: type, reduction: Reduction, on_nonfinite: NonFiniteP
         def _backend_update_step(self, grads, trainable_variables, learning_rate):
             parent = super()._backend_update_step
             if not skip_nonfinite:
-                return parent(grads, trainable_variables, learning_rate)
+                result = parent(grads, trainable_variables, learning_rate)
+                step_events.tell("step_finished", self.iterations, True)
+                return result
 
             def skip():
                 self.skipped_steps.assign_add(1)
 
-            return ops.cond(self._hvdtrain_update,
-                            lambda: parent(grads, trainable_variables, learning_rate), skip)
+            result = ops.cond(self._hvdtrain_update,
+                              lambda: parent(grads, trainable_variables, learning_rate), skip)
+            step_events.tell("step_finished", self.iterations, self._hvdtrain_update)
+            return result
 
         def build(self, variables):
             super().build(variables)
