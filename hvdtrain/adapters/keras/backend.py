@@ -91,6 +91,17 @@ def tensors(process_set: Any = None) -> TensorCollective:
     return KerasTensors(process_set)
 
 
+def in_tensorflow_graph() -> bool:
+    """Whether this runs on the TensorFlow backend inside a graph (a ``tf.function``, as
+    ``fit``'s step), where a failure can only fail the graph and Python runs only while
+    the graph is traced."""
+    if keras.backend.backend() != "tensorflow":
+        return False
+    import tensorflow as tf
+
+    return not tf.executing_eagerly()
+
+
 def accelerator_visible() -> bool:
     """Whether Keras's backend sees a GPU."""
     if keras.backend.backend() == "tensorflow":

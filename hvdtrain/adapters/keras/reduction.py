@@ -184,11 +184,11 @@ def require_finite(grads: Sequence[Any], step: Any, remedy: str = SKIP_REMEDY,
     present = [g for g in grads if g is not None]
     named = None if names is None else [n for n, g in zip(names, grads, strict=True)
                                         if g is not None]
-    if _in_tensorflow_graph() and tally.native_ops() is not None:
+    if backend.in_tensorflow_graph() and tally.native_ops() is not None:
         messages, step_tensor = _step_messages(named, len(present), step, remedy)
         checked = iter(tally.require_finite(present, step_tensor, messages))
         return [None if g is None else next(checked) for g in grads]
-    if _in_tensorflow_graph():
+    if backend.in_tensorflow_graph():
         import tensorflow as tf
 
         message = nonfinite_gradient_message(_STEP_PLACEHOLDER, remedy=remedy)
@@ -215,16 +215,6 @@ def _step_messages(names: Sequence[str] | None, count: int, step: Any, remedy: s
     if isinstance(step, str):
         return [m.replace(_STEP_PLACEHOLDER, step) for m in messages], 0
     return messages, step
-
-
-def _in_tensorflow_graph() -> bool:
-    """Whether this runs on the TensorFlow backend inside a graph (a ``tf.function``),
-    where a failure can only fail the graph."""
-    if keras.backend.backend() != "tensorflow":
-        return False
-    import tensorflow as tf
-
-    return not tf.executing_eagerly()
 
 
 def finite_on_every_rank(grads: Sequence[Any]) -> Any:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hvdtrain.adapters.keras.backend import in_tensorflow_graph
 from hvdtrain.gradients import step_observers
 
 
@@ -23,7 +24,7 @@ def tell(event: str, step: Any, *flags: Any) -> None:
     registered."""
     if not step_observers:
         return
-    if _in_tensorflow_graph():
+    if in_tensorflow_graph():
         import tensorflow as tf
 
         def call(step_value: Any, *flag_values: Any) -> None:
@@ -35,13 +36,3 @@ def tell(event: str, step: Any, *flags: Any) -> None:
 
     getattr(step_observers, event)(int(keras.ops.convert_to_numpy(step)),
                                    *(bool(keras.ops.convert_to_numpy(f)) for f in flags))
-
-
-def _in_tensorflow_graph() -> bool:
-    import keras
-
-    if keras.backend.backend() != "tensorflow":
-        return False
-    import tensorflow as tf
-
-    return not tf.executing_eagerly()
