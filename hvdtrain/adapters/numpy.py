@@ -134,8 +134,7 @@ class _MpiTensors:
         if prescale != 1.0:
             data = data * prescale
         total = np.empty_like(data)
-        mpi = _mpi()
-        _comm().Allreduce(data, total, op={"min": mpi.MIN, "max": mpi.MAX}.get(op, mpi.SUM))
+        _comm().Allreduce(data, total, op=_mpi_op(op))
         if op == "average":
             total /= self.size()
         if postscale != 1.0:
@@ -146,7 +145,7 @@ class _MpiTensors:
                        prescale: float = 1.0, postscale: float = 1.0) -> np.ndarray:
         data = np.ascontiguousarray(rows) * prescale
         row = np.empty_like(data[0])
-        _comm().Reduce_scatter_block(data, row)
+        _comm().Reduce_scatter_block(data, row, op=_mpi_op(op))
         return row * (postscale / (self.size() if op == "average" else 1))
 
     def allgather(self, tensor: np.ndarray, name: str) -> np.ndarray:
@@ -162,6 +161,12 @@ class _MpiTensors:
 
     def wait(self, handle: np.ndarray) -> np.ndarray:
         return handle
+
+
+def _mpi_op(op: ReduceOp) -> MPI.Op:
+    """MPI's reduction for ``op`` ("average" is MPI's sum, divided afterwards)."""
+    mpi = _mpi()
+    return {"min": mpi.MIN, "max": mpi.MAX}.get(op, mpi.SUM)
 
 
 _ALL_TENSORS = _MpiTensors()

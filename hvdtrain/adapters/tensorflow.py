@@ -177,8 +177,7 @@ class DistributedGradientTape:
         step = None
         if self.check_nonfinite:
             step = self.optimizer.iterations if self.optimizer is not None else "(unknown)"
-        names = [getattr(v, "path", None) or getattr(v, "name", None) or f"sources[{i}]"
-                 for i, v in enumerate(tf.nest.flatten(sources))]
+        names = reduction.variable_names(tf.nest.flatten(sources), unnamed="sources")
         if self.optimizer is not None:  # the step the core's observers are told of
             step_events.tell("reduction_started", self.optimizer.iterations)
         averaged = reduction.average_gradients(flat, self.compression, self.op,

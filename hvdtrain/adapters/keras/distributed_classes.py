@@ -21,6 +21,7 @@ from hvdtrain.adapters.keras.reduction import (
     check_op,
     finite_on_every_rank,
     require_finite,
+    variable_names,
 )
 from hvdtrain.gradients import NonFinitePolicy
 from hvdtrain.nonfinite import SKIP_REMEDY
@@ -180,16 +181,16 @@ def distributed_class(base: type, reduction: Reduction, on_nonfinite: NonFiniteP
         def _backend_update_step(self, grads, trainable_variables, learning_rate):
             parent = super()._backend_update_step
             if not skip_nonfinite:
-                result = parent(grads, trainable_variables, learning_rate)
-                step_events.tell("step_finished", self.iterations, True)
-                return result
+                result, applied = parent(grads, trainable_variables, learning_rate), True
+            else:
+                def skip():
+                    self.skipped_steps.assign_add(1)
 
-            def skip():
-                self.skipped_steps.assign_add(1)
-
-            result = ops.cond(self._hvdtrain_update,
-                              lambda: parent(grads, trainable_variables, learning_rate), skip)
-            step_events.tell("step_finished", self.iterations, self._hvdtrain_update)
+                result = ops.cond(self._hvdtrain_update,
+                                  lambda: parent(grads, trainable_variables, learning_rate),
+                                  skip)
+                applied = self._hvdtrain_update
+            step_events.tell("step_finished", self.iterations, applied)
             return result
 
         def build(self, variables):
@@ -204,8 +205,8 @@ def distributed_class(base: type, reduction: Reduction, on_nonfinite: NonFiniteP
 
 
 def _variable_names(variables: list[Any] | None, count: int) -> list[str] | None:
-    """The names of the ``count`` gradients' variables (Keras's ``path``), or None when
-    they are not known (the update did not come through ``apply``)."""
+    """The names of the ``count`` gradients' variables (:func:`.reduction.variable_names`),
+    or None when they are not known (the update did not come through ``apply``)."""
     if variables is None or len(variables) != count:
         return None
-    return [getattr(v, "path", None) or v.name for v in variables]
+    return variable_names(variables)

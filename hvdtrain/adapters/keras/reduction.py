@@ -76,27 +76,27 @@ def average_gradients(grads: Sequence[Any], compression: str | None, op: Any, *,
     hvd = horovod()
     workers = backend.tensors(process_set)
     ranks = workers.size()
+    average = op == hvd.Average
+    # What one rank's 1 (and each gradient element) becomes in the reduction.
+    unit = prescale * postscale / (ranks if average else 1)
     if compression == "bf16":
         if prescale != 1.0:
             tensors = [t * prescale for t in tensors]
-        reduced = _bf16_reduce(tensors, op == hvd.Average, workers)
+        reduced = _bf16_reduce(tensors, average, workers)
         if postscale != 1.0:
             reduced = [t * postscale for t in reduced]
     elif compression is None and tally.packs(tensors):
         return _placed(grads, present, _flat_reduce(
-            tensors, op == hvd.Average, prescale, postscale, workers, check_step, remedy,
-            named))
+            tensors, average, prescale, postscale, unit, workers, check_step, remedy, named))
     else:
-        counted = op == hvd.Average
-        if counted:
+        if average:  # a 1 from each rank that sent gradients
             tensors.append(ops.ones((), dtype=tensors[0].dtype))
         codec = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
         reduced = hvd.grouped_allreduce(tensors, op=op, compression=codec,
                                         prescale_factor=prescale, postscale_factor=postscale,
                                         name="hvdtrain.gradients", **within, **UNSCOPED)
-        if counted:
-            reduced = _over_contributors(reduced[:-1], reduced[-1],
-                                         prescale * postscale / ranks, ranks)
+        if average:
+            reduced = _over_contributors(reduced[:-1], reduced[-1], unit, ranks)
     if check_step is not None:
         reduced = require_finite(reduced, check_step, remedy, named)
     return _placed(grads, present, reduced)
@@ -111,15 +111,13 @@ def _placed(grads: Sequence[Any], present: list[int], reduced: list[Any]) -> lis
 
 
 def _flat_reduce(tensors: list[Any], average: bool, prescale: float, postscale: float,
-                 workers: TensorCollective, check_step: Any, remedy: str,
+                 unit: float, workers: TensorCollective, check_step: Any, remedy: str,
                  names: Sequence[str] | None) -> list[Any]:
-    """:func:`average_gradients` through one flat buffer with its tally."""
-    ranks = workers.size()
+    """:func:`average_gradients` through one flat buffer with its tally (``unit``: what
+    one rank's 1 becomes in the reduction)."""
     check = check_step is not None
     messages, step_tensor = _step_messages(names, len(tensors), check_step if check else 0,
                                            remedy)
-    # What one rank's 1 becomes in the reduction (and each gradient's unit).
-    unit = prescale * postscale / (ranks if average else 1)
     largest = float(np.finfo(tensors[0].dtype.as_numpy_dtype).max)
     flat = tally.pack(tensors, bound=check)
     flat = workers.wait(workers.allreduce(flat, "hvdtrain.gradients",
@@ -132,7 +130,7 @@ def _flat_reduce(tensors: list[Any], average: bool, prescale: float, postscale: 
         return reduced
     rechecked = (lambda rescaled: require_finite(rescaled, check_step, remedy, names)) \
         if check else None
-    return _over_contributors(reduced, numbers[COUNT], unit, ranks, rechecked)
+    return _over_contributors(reduced, numbers[COUNT], unit, workers.size(), rechecked)
 
 
 def _over_contributors(averaged: list[Any], count: Any, unit: float, ranks: int,
@@ -202,6 +200,13 @@ def require_finite(grads: Sequence[Any], step: Any, remedy: str = SKIP_REMEDY,
         raise NonFiniteGradientError(nonfinite_gradient_message(
             step if isinstance(step, str) else int(step), parameter, remedy))
     return list(grads)
+
+
+def variable_names(variables: Sequence[Any], unnamed: str = "variables") -> list[str]:
+    """What the non-finite error calls each variable: its Keras ``path``, else its name,
+    else its place (``unnamed[i]``)."""
+    return [getattr(v, "path", None) or getattr(v, "name", None) or f"{unnamed}[{i}]"
+            for i, v in enumerate(variables)]
 
 
 def _step_messages(names: Sequence[str] | None, count: int, step: Any, remedy: str
