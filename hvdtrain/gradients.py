@@ -206,10 +206,12 @@ def wire_format(name: object) -> WireFormat:
 class StepObserver(Protocol):
     """Something that watches every averaged step (a timer, a report). Each adapter
     calls these on :data:`step_observers` in the order below; a step starts where the
-    previous one finished. They run on the training thread: keep them short."""
+    previous one finished. They run on the training thread: keep them short (the step
+    timing of :mod:`hvdtrain.step_timing` adds one small allreduce per window)."""
 
     def reduction_started(self, step: int) -> None:
-        """This rank sends the gradients of optimizer step ``step`` (from 0)."""
+        """This rank sends the gradients of optimizer step ``step`` (from 0; -1 where no
+        optimizer is known, as a ``DistributedGradientTape`` without ``optimizer=``)."""
 
     def reduction_finished(self, step: int) -> None:
         """The averaged gradients of ``step`` are back on this rank."""
@@ -254,4 +256,13 @@ class StepObservers:
 
 
 step_observers = StepObservers()
-"""The process's observers of every adapter's averaged step."""
+"""The process's observers of every adapter's averaged step over the whole job."""
+_UNOBSERVED = StepObservers()
+
+
+def observers_of(group_size: int, job_size: int) -> StepObservers:
+    """Whom a reduction over ``group_size`` of the job's ``job_size`` workers tells:
+    :data:`step_observers` when it spans the job, nobody for a process set's (its steps
+    are not every rank's, and an observer such as the step timing pairs its own
+    collective across every rank at a step they count alike)."""
+    return step_observers if group_size == job_size else _UNOBSERVED

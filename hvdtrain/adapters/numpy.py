@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 import numpy as np
 
-from hvdtrain import runtime, watchdog
+from hvdtrain import runtime, step_timing, watchdog
 from hvdtrain.collective import Collective, ReduceOp, TensorCollective, require_initialized
 from hvdtrain.consistency import RankDisagreementError, check_ranks_agree, software_versions
 from hvdtrain.gradients import step_observers
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DistributedSGD", "LinearScalingWarmup", "NonFiniteGradientError", "RankDisagreementError",
     "ReplicaMismatchError", "allreduce_mean", "broadcast", "broadcast_in_place", "init", "rank",
-    "size", "verify_replicas",
+    "set_samples_per_step", "size", "step_times", "verify_replicas",
 ]
 
 _communicator: MPI.Comm | None = None
@@ -78,6 +78,17 @@ def init(comm: MPI.Comm | None = None) -> None:
     _communicator = comm if comm is not None else MPI.COMM_WORLD
     announce_single_worker()
     watchdog.start(_communicator.Get_rank(), _communicator.Get_size())
+    step_timing.start(_ALL_WORKERS, _sum_numbers)
+
+
+def _sum_numbers(numbers: list[float], name: str) -> list[float]:
+    """Each number summed over every worker: the exchange of :mod:`hvdtrain.step_timing`."""
+    with watchdog.guard("the step-time exchange"):
+        return _ALL_TENSORS.allreduce(np.array(numbers, np.float64), name).tolist()
+
+
+step_times = step_timing.latest
+set_samples_per_step = step_timing.set_samples_per_step
 
 
 def _mpi():

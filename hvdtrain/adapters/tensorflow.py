@@ -56,7 +56,6 @@ from horovod.tensorflow import (
     allreduce,
     broadcast,
     broadcast_object,
-    join,
 )
 
 from hvdtrain.adapters.keras import (
@@ -72,10 +71,13 @@ from hvdtrain.adapters.keras import (
     rank,
     reduction,
     save_model,
+    set_samples_per_step,
     shutdown,
     size,
     step_events,
+    step_times,
 )
+from hvdtrain.adapters.keras.collectives import join
 from hvdtrain.adapters.keras.optimizer import accumulate_across_workers
 from hvdtrain.collective import require_initialized
 from hvdtrain.nonfinite import TAPE_REMEDY
@@ -88,7 +90,8 @@ __all__ = [
     "Adasum", "Average", "Compression", "DistributedGradientTape", "LinearScalingWarmup",
     "ReplicaMismatchError", "Sum", "allgather", "allgather_object", "allreduce", "broadcast",
     "broadcast_object", "broadcast_variables", "init", "is_initialized", "join", "load_model",
-    "local_rank", "local_size", "rank", "save_model", "shutdown", "size", "verify_replicas",
+    "local_rank", "local_size", "rank", "save_model", "set_samples_per_step", "shutdown",
+    "size", "step_times", "verify_replicas",
 ]
 
 
@@ -132,9 +135,10 @@ class DistributedGradientTape:
         op: ``Average`` (default) or ``Sum``.
         check_nonfinite: stop training when an averaged gradient holds NaN or Inf.
         optimizer: the optimizer that applies the gradients: names the step in errors
-            and to the core's step observers (:data:`hvdtrain.gradients.step_observers`:
-            the reduction's start and end; a plain optimizer's update is not observed),
-            and is needed when ``backward_passes_per_step`` > 1.
+            and to the core's step observers (:data:`hvdtrain.gradients.step_observers`
+            hear of the reduction's start and end either way, as step -1 without it; a
+            plain optimizer's update is not observed), and is needed when
+            ``backward_passes_per_step`` > 1.
         backward_passes_per_step: micro-batches per update (see above).
     """
 
@@ -178,13 +182,12 @@ class DistributedGradientTape:
         if self.check_nonfinite:
             step = self.optimizer.iterations if self.optimizer is not None else "(unknown)"
         names = reduction.variable_names(tf.nest.flatten(sources), unnamed="sources")
-        if self.optimizer is not None:  # the step the core's observers are told of
-            step_events.tell("reduction_started", self.optimizer.iterations)
+        observed_step = self.optimizer.iterations if self.optimizer is not None else -1
+        step_events.tell("reduction_started", observed_step, after=flat)
         averaged = reduction.average_gradients(flat, self.compression, self.op,
                                                  check_step=step, remedy=TAPE_REMEDY,
                                                  names=names)
-        if self.optimizer is not None:
-            step_events.tell("reduction_finished", self.optimizer.iterations)
+        step_events.tell("reduction_finished", observed_step, after=averaged)
         return tf.nest.pack_sequence_as(grads, averaged)
 
 

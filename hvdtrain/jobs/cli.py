@@ -52,6 +52,17 @@ def build_parser() -> argparse.ArgumentParser:
     hosts.add_argument("--lines", action="store_true",
                        help="one host:slots per line, as a --host-discovery-script prints")
 
+    report = commands.add_parser(
+        "report", help="summarise the step timing's records (HVDTRAIN_METRICS_FILE)",
+        description="Read the JSON lines rank 0 appends to HVDTRAIN_METRICS_FILE while "
+                    "training (one per HVDTRAIN_STRAGGLER_REPORT_SECONDS window) and print "
+                    "each rank's compute, wait and reduction per step, and the straggler.",
+    )
+    report.add_argument("file", help="the metrics file (JSON lines)")
+    report.add_argument("--plot", metavar="FILE.png",
+                        help="also draw each rank's compute and wait over time (needs "
+                             "matplotlib)")
+
     schedule = commands.add_parser(
         "schedule",
         help="print (and plot) the Goyal et al. linear-scaling + warmup learning rate",
@@ -130,6 +141,23 @@ def print_hosts(lines: bool) -> int:
     return 0
 
 
+def print_report(path: str, plot: str | None) -> int:
+    """Print the summary of the metrics file ``path`` (and draw it to ``plot``)."""
+    from hvdtrain.jobs.report import plot_step_times, summary
+    from hvdtrain.stragglers import read_records
+
+    try:
+        records = list(read_records(path))
+        print(summary(records))
+    except (OSError, ValueError) as error:
+        print(f"hvdtrain report: error: {error}", file=sys.stderr)
+        return 2
+    if plot:
+        plot_step_times(records, plot)
+        print(f"hvdtrain report: drew {plot}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hvdtrain`` console script."""
     parser = build_parser()
@@ -142,6 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return print_environment()
     if args.command == "hosts":
         return print_hosts(args.lines)
+    if args.command == "report":
+        return print_report(args.file, args.plot)
     try:
         return print_schedule(args)
     except ValueError as error:

@@ -1,16 +1,20 @@
-"""Drawing a :class:`~hvdtrain.schedule.LinearScalingSchedule` (needs matplotlib)."""
+"""Drawing with matplotlib: a :class:`~hvdtrain.schedule.LinearScalingSchedule` here,
+the step timing's records in :mod:`hvdtrain.jobs.report`."""
 
 from __future__ import annotations
 
 import os
+from types import ModuleType
 
 from hvdtrain.schedule import LinearScalingSchedule
 
 
-def plot_schedule(
-    schedule: LinearScalingSchedule, epochs: int, path: str | os.PathLike[str]
-) -> None:
-    """Draw the learning rate of every step of ``epochs`` epochs into the image ``path``."""
+def pyplot() -> ModuleType:
+    """``matplotlib.pyplot``, drawing to files only.
+
+    Raises:
+        ImportError: saying how to install matplotlib.
+    """
     try:
         import matplotlib
 
@@ -20,6 +24,14 @@ def plot_schedule(
         raise ImportError(
             "plotting needs matplotlib: pip install 'hvdtrain[plot]' (or pip install matplotlib)"
         ) from None
+    return plt
+
+
+def plot_schedule(
+    schedule: LinearScalingSchedule, epochs: int, path: str | os.PathLike[str]
+) -> None:
+    """Draw the learning rate of every step of ``epochs`` epochs into the image ``path``."""
+    plt = pyplot()
     steps = range(epochs * schedule.steps_per_epoch)
     figure, axes = plt.subplots(figsize=(8, 4.5))
     axes.plot([s / schedule.steps_per_epoch for s in steps], [schedule.lr_at(s) for s in steps])

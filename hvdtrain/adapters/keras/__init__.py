@@ -13,7 +13,9 @@ module per concern:
   atomically; rank 0 reads and every rank gets the model).
 - :mod:`.callbacks`: :class:`BroadcastInitialState`, :class:`LinearScalingWarmup`,
   :class:`MetricAverage`, :class:`ReplicaCheck`, :class:`CollectiveWatchdog`,
-  :class:`ModelCheckpoint`, :class:`JoinAtEpochEnd` (shares of different sizes).
+  :class:`ModelCheckpoint`, :class:`JoinAtEpochEnd` (shares of different sizes),
+  :class:`StepTimeLogs` (every rank's compute, wait and communication per step in the
+  logs; :func:`step_times` in code; :mod:`hvdtrain.step_timing`).
 - :mod:`.replicas`: :func:`verify_replicas`.
 - :mod:`.sync_batch_normalization`: :class:`SyncBatchNormalization` (batch statistics
   of the global batch).
@@ -54,6 +56,7 @@ ReduceLROnPlateau, ModelCheckpoint), so that every rank acts on the same values.
 
 from __future__ import annotations
 
+from hvdtrain import step_timing
 from hvdtrain.adapters.keras import backend, callbacks, collectives, elastic
 from hvdtrain.adapters.keras.callbacks import (
     BroadcastInitialState,
@@ -63,6 +66,7 @@ from hvdtrain.adapters.keras.callbacks import (
     MetricAverage,
     ModelCheckpoint,
     ReplicaCheck,
+    StepTimeLogs,
 )
 from hvdtrain.adapters.keras.checkpoint import load_model, save_model
 from hvdtrain.adapters.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer
@@ -73,17 +77,64 @@ from hvdtrain.replicas import ReplicaMismatchError
 from hvdtrain.runtime import init_horovod
 
 __all__ = [
-    "Adasum", "Average", "BroadcastInitialState", "CollectiveWatchdog", "Compression",
-    "DistributedOptimizer", "JoinAtEpochEnd", "LinearScalingWarmup", "MetricAverage",
-    "ModelCheckpoint", "PartialDistributedOptimizer", "ProcessSet", "RankDisagreementError",
-    "ReplicaCheck", "ReplicaMismatchError", "Sum", "SyncBatchNormalization",
-    "add_process_set", "allgather", "allgather_object", "allreduce", "alltoall", "broadcast",
-    "broadcast_object", "callbacks", "ccl_built", "cross_rank", "cross_size", "cuda_built",
-    "ddl_built", "elastic", "global_process_set", "gloo_built", "gloo_enabled",
-    "grouped_allreduce", "init", "is_initialized", "join", "load_model", "local_rank",
-    "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank",
-    "reducescatter", "remove_process_set", "rocm_built", "save_model", "shutdown", "size",
-    "start_timeline", "stop_timeline", "verify_replicas",
+    "Adasum",
+    "Average",
+    "BroadcastInitialState",
+    "CollectiveWatchdog",
+    "Compression",
+    "DistributedOptimizer",
+    "JoinAtEpochEnd",
+    "LinearScalingWarmup",
+    "MetricAverage",
+    "ModelCheckpoint",
+    "PartialDistributedOptimizer",
+    "ProcessSet",
+    "RankDisagreementError",
+    "ReplicaCheck",
+    "ReplicaMismatchError",
+    "StepTimeLogs",
+    "Sum",
+    "SyncBatchNormalization",
+    "add_process_set",
+    "allgather",
+    "allgather_object",
+    "allreduce",
+    "alltoall",
+    "broadcast",
+    "broadcast_object",
+    "callbacks",
+    "ccl_built",
+    "cross_rank",
+    "cross_size",
+    "cuda_built",
+    "ddl_built",
+    "elastic",
+    "global_process_set",
+    "gloo_built",
+    "gloo_enabled",
+    "grouped_allreduce",
+    "init",
+    "is_initialized",
+    "join",
+    "load_model",
+    "local_rank",
+    "local_size",
+    "mpi_built",
+    "mpi_enabled",
+    "mpi_threads_supported",
+    "nccl_built",
+    "rank",
+    "reducescatter",
+    "remove_process_set",
+    "rocm_built",
+    "save_model",
+    "set_samples_per_step",
+    "shutdown",
+    "size",
+    "start_timeline",
+    "step_times",
+    "stop_timeline",
+    "verify_replicas",
 ]
 
 # Horovod's basics, from the Horovod module that matches Keras's backend.
@@ -127,3 +178,8 @@ def init(comm=None, process_sets=None) -> None:
     """Horovod's ``init`` (of the Horovod matching Keras's backend) with hvdtrain's runtime
     defaults (see :mod:`hvdtrain.runtime`); ``comm`` may be an mpi4py communicator."""
     init_horovod(_hvd, comm, process_sets, accelerator=backend.accelerator_visible())
+    step_timing.start(backend.collective(), backend.sum_numbers)
+
+
+step_times = step_timing.latest
+set_samples_per_step = step_timing.set_samples_per_step

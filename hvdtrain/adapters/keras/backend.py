@@ -17,6 +17,7 @@ from typing import Any
 
 import keras
 
+from hvdtrain import watchdog
 from hvdtrain.collective import Collective, HorovodCollective, ReduceOp, TensorCollective
 
 SUPPORTED_BACKENDS = {"tensorflow": "horovod.tensorflow", "torch": "horovod.torch"}
@@ -89,6 +90,17 @@ def tensors(process_set: Any = None) -> TensorCollective:
     """The workers of the Horovod that matches Keras's backend (all of them, or
     ``process_set``'s) moving tensors; each adapter has its ``tensors()``."""
     return KerasTensors(process_set)
+
+
+def sum_numbers(numbers: list[float], name: str) -> list[float]:
+    """Each number summed over every rank (one float64 allreduce, eagerly): the
+    exchange of :mod:`hvdtrain.step_timing`."""
+    import numpy as np
+
+    with watchdog.guard("the step-time exchange"):
+        summed = tensors().allreduce(
+            keras.ops.convert_to_tensor(np.array(numbers, np.float64)), name)
+    return [float(n) for n in keras.ops.convert_to_numpy(summed)]
 
 
 def in_tensorflow_graph() -> bool:

@@ -16,7 +16,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from hvdtrain import horovod_patches, watchdog
+from hvdtrain import horovod_patches, step_timing, watchdog
 from hvdtrain.adapters.keras.backend import UNSCOPED, collective, horovod
 from hvdtrain.replicas import checksums, verify_checksums
 from hvdtrain.validation import require_root_rank
@@ -26,8 +26,9 @@ _joined = False  # whether this process has called join()
 
 def join(device: int | None = None) -> int:
     """Horovod's ``join``: wait until every rank has joined (meanwhile send zeros to the
-    others' allreduces); returns the last rank to join. ``device`` is passed on to
-    ``horovod.torch.join`` on the torch backend (TensorFlow's takes none).
+    others' allreduces); returns the last rank to join. Afterwards the step timing's
+    window starts anew, on every rank at once (:mod:`hvdtrain.step_timing`). ``device``
+    is passed on to ``horovod.torch.join`` on the torch backend (TensorFlow's takes none).
 
     On Keras's TensorFlow backend a Horovod without hvdtrain's patch 0005 runs only the
     first join of a process (:mod:`hvdtrain.horovod_patches`); a second one raises
@@ -42,7 +43,9 @@ def join(device: int | None = None) -> int:
             "without it TensorFlow would not run it, it would return at once while the other "
             "ranks still train, and the job would hang"))
     _joined = True
-    return int(horovod().join() if device is None else horovod().join(device))
+    last = int(horovod().join() if device is None else horovod().join(device))
+    step_timing.restart()
+    return last
 
 
 def broadcast_variables(variables: Sequence[Any], root_rank: int = 0) -> None:

@@ -23,7 +23,7 @@ from hvdtrain.adapters.keras.reduction import (
     require_finite,
     variable_names,
 )
-from hvdtrain.gradients import NonFinitePolicy
+from hvdtrain.gradients import NonFinitePolicy, StepObservers, observers_of
 from hvdtrain.nonfinite import SKIP_REMEDY
 from hvdtrain.validation import require_compression, require_positive_number
 
@@ -41,6 +41,11 @@ class Reduction:
     prescale: float = 1.0
     postscale: float = 1.0
     process_set: Any = None
+
+    def observers(self) -> StepObservers:
+        """Whom its steps are told to (:func:`hvdtrain.gradients.observers_of`)."""
+        job = backend.horovod().size()
+        return observers_of(job if self.process_set is None else self.process_set.size(), job)
 
     def apply(self, grads: list[Any], check_step: Any = None,
               remedy: str = SKIP_REMEDY, names: list[str] | None = None) -> list[Any]:
@@ -150,9 +155,12 @@ def distributed_class(base: type, reduction: Reduction, on_nonfinite: NonFiniteP
 
         def _clip_gradients(self, grads):
             raises = on_nonfinite is NonFinitePolicy.RAISE
-            step_events.tell("reduction_started", self.iterations)
+            observers = reduction.observers()
+            step_events.tell("reduction_started", self.iterations, after=grads,
+                             observers=observers)
             averaged = self._reduce(grads, self.iterations if raises else None)
-            step_events.tell("reduction_finished", self.iterations)
+            step_events.tell("reduction_finished", self.iterations, after=averaged,
+                             observers=observers)
             if skip_nonfinite:
                 self._hvdtrain_update = finite_on_every_rank(averaged)
             return super()._clip_gradients(averaged)
@@ -190,7 +198,8 @@ def distributed_class(base: type, reduction: Reduction, on_nonfinite: NonFiniteP
                                   lambda: parent(grads, trainable_variables, learning_rate),
                                   skip)
                 applied = self._hvdtrain_update
-            step_events.tell("step_finished", self.iterations, applied)
+            step_events.tell("step_finished", self.iterations, applied,
+                             observers=reduction.observers())
             return result
 
         def build(self, variables):

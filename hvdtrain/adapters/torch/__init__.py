@@ -20,6 +20,9 @@ A Horovod user switches by changing one import: every public name of
 - :mod:`.replicas`: :func:`broadcast_state`, :func:`verify_replicas`, :func:`state_fingerprint`.
 - :mod:`.checkpoint`: :func:`save_checkpoint`, :func:`load_checkpoint`.
 - :mod:`.data`: :func:`distributed_sampler`, :func:`average_metrics`.
+- :func:`step_times`: the last window of every rank's compute, wait and communication
+  per step (:mod:`hvdtrain.step_timing`; rank 0 names a straggler on stderr);
+  :func:`join` is Horovod's, starting that window anew.
 - :mod:`.elastic` (``hvt.elastic``, in place of Horovod's module): ``run``,
   ``ElasticSampler`` and a ``TorchState`` whose warmup schedule follows the number of
   workers after each reset.
@@ -98,7 +101,6 @@ from horovod.torch import (
     grouped_reducescatter,
     grouped_reducescatter_async,
     is_initialized,
-    join,
     local_rank,
     local_size,
     mpi_built,
@@ -119,7 +121,8 @@ from horovod.torch import (
     synchronize,
 )
 
-from hvdtrain.adapters.torch import elastic
+from hvdtrain import step_timing
+from hvdtrain.adapters.torch import _horovod, elastic
 from hvdtrain.adapters.torch.checkpoint import load_checkpoint, save_checkpoint
 from hvdtrain.adapters.torch.consistency import ParameterMismatchError
 from hvdtrain.adapters.torch.data import average_metrics, distributed_sampler
@@ -207,11 +210,13 @@ __all__ = [
     "remove_process_set",
     "rocm_built",
     "save_checkpoint",
+    "set_samples_per_step",
     "shutdown",
     "size",
     "sparse_allreduce_async",
     "start_timeline",
     "state_fingerprint",
+    "step_times",
     "stop_timeline",
     "synchronize",
     "verify_replicas",
@@ -230,3 +235,17 @@ def init(comm=None, process_sets=None) -> None:
     Without a launcher it prints a one-line notice and runs as a single worker.
     """
     init_horovod(_hvd, comm, process_sets, accelerator=torch.cuda.is_available())
+    step_timing.start(_horovod.collective(), _horovod.sum_numbers)
+
+
+def join(device: int = -1) -> int:
+    """Horovod's ``join``: wait until every rank has joined (meanwhile send zeros to the
+    others' allreduces); returns the last rank to join. The step timing's window starts
+    anew afterwards, on every rank at once (:mod:`hvdtrain.step_timing`)."""
+    last = _hvd.join(device)
+    step_timing.restart()
+    return last
+
+
+step_times = step_timing.latest
+set_samples_per_step = step_timing.set_samples_per_step

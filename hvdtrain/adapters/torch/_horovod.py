@@ -154,14 +154,27 @@ def tensors(process_set: hvd.ProcessSet = hvd.global_process_set) -> TensorColle
     return TorchTensors(process_set)
 
 
-def allreduce_number(value: float, op: ReduceOp, name: str, process_set: hvd.ProcessSet,
-                     what: str) -> float:
-    """``value`` reduced by ``op`` over the ranks of ``process_set`` (one float64
-    allreduce under the watchdog, which names it ``what`` if it hangs)."""
+def allreduce_numbers(values: list[float], op: ReduceOp, name: str,
+                      process_set: hvd.ProcessSet, what: str) -> list[float]:
+    """Each of ``values`` reduced by ``op`` over the ranks of ``process_set`` (one
+    float64 allreduce under the watchdog, which names it ``what`` if it hangs)."""
     workers = tensors(process_set)
     with watchdog.guard(what):
-        return workers.wait(workers.allreduce(torch.tensor(value, dtype=torch.float64), name,
-                                              op=op)).item()
+        return workers.wait(workers.allreduce(torch.tensor(values, dtype=torch.float64), name,
+                                              op=op)).tolist()
+
+
+def allreduce_number(value: float, op: ReduceOp, name: str, process_set: hvd.ProcessSet,
+                     what: str) -> float:
+    """``value`` reduced by ``op`` over the ranks of ``process_set``
+    (:func:`allreduce_numbers`)."""
+    return allreduce_numbers([value], op, name, process_set, what)[0]
+
+
+def sum_numbers(numbers: list[float], name: str) -> list[float]:
+    """Each number summed over every rank: the exchange of :mod:`hvdtrain.step_timing`."""
+    return allreduce_numbers(numbers, "sum", name, hvd.global_process_set,
+                             "the step-time exchange")
 
 
 require_private_apis()

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from horovod.torch import Average, ProcessSet
+from horovod.torch import size as job_size
 
 from hvdtrain import watchdog
 
@@ -27,10 +28,11 @@ from hvdtrain.adapters.torch.compression import HOROVOD_COMPRESSION, bf16_allred
 from hvdtrain.adapters.torch.tally import flat_with_tally, read_tally
 from hvdtrain.gradients import (
     NonFinitePolicy,
+    StepObservers,
     any_rank,
     joined_rescale,
+    observers_of,
     some_ranks_joined,
-    step_observers,
     wire_format,
 )
 from hvdtrain.nonfinite import NonFiniteGradientError, nonfinite_gradient_message
@@ -102,11 +104,12 @@ class CheckedAveraging:
         # post-scaling divides by it, in the pass that divides by the world size.
         uniform = len(counts) == 1
         postscale = 1.0 / max(next(iter(counts)), 1) if uniform else 1.0
-        if step_observers:
-            step_observers.reduction_started(self.steps_taken)
+        observers = self._observers()
+        if observers:
+            observers.reduction_started(self.steps_taken)
         self._reduce_gradients(postscale, passes if divide else None, uniform)
-        if step_observers:
-            step_observers.reduction_finished(self.steps_taken)
+        if observers:
+            observers.reduction_finished(self.steps_taken)
 
     def _reduce_gradients(self, postscale: float, passes: dict[torch.Tensor, int] | None,
                           uniform: bool) -> None:
@@ -152,9 +155,14 @@ class CheckedAveraging:
         if skip:
             self.skipped_steps += 1
             self._synchronized = False
-        if step_observers:
-            step_observers.step_finished(step, applied=not skip)
+        observers = self._observers()
+        if observers:
+            observers.step_finished(step, applied=not skip)
         return result
+
+    def _observers(self) -> StepObservers:
+        """The core's step observers, when this optimizer's reduction spans the job."""
+        return observers_of(self.process_set.size(), job_size())
 
     def _apply_averaged(self, closure=None):
         """The step itself, once the gradients are averaged and checked (with

@@ -46,6 +46,7 @@ from horovod.common.elastic import run_fn
 from horovod.torch.elastic import ElasticSampler
 from horovod.torch.elastic import TorchState as _HorovodTorchState
 
+from hvdtrain import step_timing
 from hvdtrain.adapters.torch.replicas import broadcast_tree
 from hvdtrain.adapters.torch.scheduler import LinearScalingWarmup
 from hvdtrain.adapters.torch.sharding import is_sharded
@@ -76,6 +77,7 @@ def _reset() -> None:
     """Start Horovod again on the workers there are now, as Horovod's own reset does."""
     _hvd.shutdown()
     _hvd.init()
+    step_timing.restart(new_workers=True)
 
 
 class TorchState(_HorovodTorchState):

@@ -15,8 +15,9 @@ from hvdtrain.adapters.keras.callbacks.linear_scaling_warmup import LinearScalin
 from hvdtrain.adapters.keras.callbacks.metric_average import MetricAverage, MetricAverageCallback
 from hvdtrain.adapters.keras.callbacks.model_checkpoint import ModelCheckpoint
 from hvdtrain.adapters.keras.callbacks.replica_check import ReplicaCheck
+from hvdtrain.adapters.keras.callbacks.step_time_logs import StepTimeLogs
 
 __all__ = ["BroadcastGlobalVariablesCallback", "BroadcastInitialState", "CollectiveWatchdog",
            "JoinAtEpochEnd", "LearningRateScheduleCallback", "LearningRateWarmupCallback",
            "LinearScalingWarmup", "MetricAverage", "MetricAverageCallback", "ModelCheckpoint",
-           "ReplicaCheck"]
+           "ReplicaCheck", "StepTimeLogs"]

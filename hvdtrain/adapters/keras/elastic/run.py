@@ -9,6 +9,7 @@ from typing import Any
 from horovod.common.elastic import run_fn
 from horovod.common.exceptions import HorovodInternalError
 
+from hvdtrain import step_timing
 from hvdtrain.adapters.keras import backend
 from hvdtrain.elastic import bounded_reset
 
@@ -64,3 +65,4 @@ def _reset() -> None:
     hvd = backend.horovod()
     hvd.shutdown()
     hvd.init()
+    step_timing.restart(new_workers=True)
