@@ -117,7 +117,7 @@ def unpack(summed: Sequence[float], size: int, hosts: bool
     slots = [list(summed[r * per_rank:(r + 1) * per_rank]) for r in range(size)]
     if not hosts:
         return [(slot, None) for slot in slots]
-    return [(slot[:_NUMBERS], bytes(int(b) for b in slot[_NUMBERS:] if b)
+    return [(slot[:-HOST_BYTES], bytes(int(b) for b in slot[-HOST_BYTES:] if b)
              .decode("utf-8", "replace") or None) for slot in slots]
 
 
