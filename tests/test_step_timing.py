@@ -30,7 +30,7 @@ from hvdtrain.step_timing import (
 from hvdtrain.stragglers import StragglerReport, read_records
 
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
-from stragglers import EXTRA_SLEEP  # noqa: E402
+from stragglers import EXTRA_SLEEP
 
 
 def test_settings_default_to_a_minute_and_zero_turns_the_lines_off():
@@ -114,7 +114,7 @@ class ThreadRanks:
             self.local.rank = rank
             try:
                 body(rank)
-            except BaseException as error:  # noqa: BLE001 - reported below
+            except BaseException as error:
                 errors.append(error)
                 self.barrier.abort()
 

@@ -15,14 +15,10 @@ import os
 import sys
 import time
 
-FRAMEWORK = sys.argv[1]
-if FRAMEWORK == "keras":
-    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+import numpy as np
+from scenarios import report, run_scenarios
 
-import numpy as np  # noqa: E402
-from scenarios import report, run_scenarios  # noqa: E402
-
-from hvdtrain import step_timing  # noqa: E402
+from hvdtrain import step_timing
 
 BASE_SLEEP = 0.010
 EXTRA_SLEEP = 0.030
@@ -91,6 +87,7 @@ def torch_modes() -> dict:
 
 
 def keras_modes() -> dict:
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     import keras
 
     import hvdtrain.adapters.keras as hvk
@@ -159,7 +156,7 @@ def numpy_modes() -> dict:
 
 def main() -> None:
     rank, scenarios = {"torch": torch_modes, "keras": keras_modes,
-                       "numpy": numpy_modes}[FRAMEWORK]()
+                       "numpy": numpy_modes}[sys.argv[1]]()
     run_scenarios(lambda: rank, scenarios)
 
 
