@@ -109,7 +109,13 @@ def loss_scale_class(base: type, reduction: Reduction) -> type:
         _hvdtrain_reduction = reduction
 
         def apply(self, grads, trainable_variables=None):
-            return super().apply(reduction.apply(list(grads)), trainable_variables)
+            grads, observers = list(grads), reduction.observers()
+            step_events.tell("reduction_started", self.iterations, after=grads,
+                             observers=observers)
+            averaged = reduction.apply(grads)
+            step_events.tell("reduction_finished", self.iterations, after=averaged,
+                             observers=observers)
+            return super().apply(averaged, trainable_variables)
 
     _name_like(DistributedLossScale, base)
     return DistributedLossScale
