@@ -7,6 +7,8 @@ write on raw Horovod, on the same model, 2 ranks, Gloo and MPI.
   gradient as it did before the bound carried in the allreduce, and with
   ``skip_nonfinite=True`` both ways) against ``horovod.torch.DistributedOptimizer``
   (overhead_worker.py).
+- Both: hvdtrain's default again with the step timing paused
+  (:func:`hvdtrain.step_timing.paused`), which prices the timing that is on by default.
 - Keras 3: ``hvk.DistributedOptimizer`` (default and with ``check_nonfinite=False``)
   against an SGD whose ``apply`` does one grouped allreduce, which also runs followed by
   the separate non-finite check hvdtrain used before its flat buffer
@@ -84,6 +86,14 @@ def run(folder: Path, smoke: bool) -> dict:
             elif "read_check_s" in measured:  # Keras: the separate read, against its step
                 entry["read_check_share_of_step"] = (
                     measured["read_check_s"] / entry["median_step_s"]["grouped_read_check"])
+            if "hvdtrain_untimed" in rounds_s:  # what the step timing costs
+                entry["timing_cost_ratio"] = median_ratio(rounds_s["hvdtrain"],
+                                                          rounds_s["hvdtrain_untimed"])
+                entry["timing_cost_95ci"] = median_ratio_interval(rounds_s["hvdtrain"],
+                                                                  rounds_s["hvdtrain_untimed"])
+            if "timing_s" in measured:
+                entry["timing_share_of_step"] = (measured["timing_s"]
+                                                 / entry["median_step_s"]["hvdtrain"])
             if "hvdtrain_skip" in rounds_s:  # skip_nonfinite=True, with and without the bound
                 entry["skip_cost_ratio"] = median_ratio(rounds_s["hvdtrain_skip"],
                                                         rounds_s["hvdtrain"])
@@ -129,6 +139,10 @@ def targets(summary: dict) -> list[tuple[str, bool]]:
         verdicts.append((f"{where}: hvdtrain / {e['baseline']} = "
                          f"{e['median_ratio']['hvdtrain']:.3f} (target <= {TARGET_RATIO})",
                          e["median_ratio"]["hvdtrain"] <= TARGET_RATIO))
+        if "timing_cost_ratio" in e:
+            verdicts.append((f"{where}: hvdtrain / hvdtrain with the step timing paused = "
+                             f"{e['timing_cost_ratio']:.3f} (target <= {TARGET_RATIO})",
+                             e["timing_cost_ratio"] <= TARGET_RATIO))
         if "check_share_of_step" in e:
             share = e["check_share_of_step"]
             verdicts.append((f"{where}: the non-finite check takes {100 * share:.1f}% of the "
@@ -150,6 +164,14 @@ def tables(result: dict) -> str:
             return "—"
         return f"{1e3 * entry[f'{key}_s']:.2f} ms, {100 * entry[f'{key}_share_of_step']:.1f}%"
 
+    def timing(entry: dict) -> str:
+        if "timing_cost_ratio" not in entry:
+            return "—"
+        low, high = entry["timing_cost_95ci"]
+        alone = (f"; {1e6 * entry['timing_s']:.1f} µs, {100 * entry['timing_share_of_step']:.2f}%"
+                 if "timing_s" in entry else "")
+        return f"{entry['timing_cost_ratio']:.3f} ({low:.3f}-{high:.3f}){alone}"
+
     rows = []
     for e in result["entries"]:
         skip = (f"{e['skip_cost_ratio']:.3f} / {e['skip_read_vote_cost_ratio']:.3f}"
@@ -159,9 +181,11 @@ def tables(result: dict) -> str:
             f"{e['baseline']}: {ms(e['median_step_s'][e['baseline']])}",
             ms(e["median_step_s"]["hvdtrain"]), ratio(e, "hvdtrain"),
             ratio(e, "hvdtrain_unchecked"), ratio(e, "hvdtrain_overlap"),
-            share(e, "check"), share(e, "dot_check"), share(e, "read_check"), skip])
+            share(e, "check"), share(e, "dot_check"), share(e, "read_check"), skip,
+            timing(e)])
     return markdown_table(
         ["framework, model, controller", "baseline", "hvdtrain", "ratio (95% CI)",
          "check_nonfinite=False ratio", "overlap=True ratio", "the check alone",
          "torch: bound by `dot` after the copy", "the old check (read the averaged gradients)",
-         "torch: skip_nonfinite=True step / default: with the bound / old"], rows)
+         "torch: skip_nonfinite=True step / default: with the bound / old",
+         "the step timing: step / step paused (95% CI); torch: its calls alone"], rows)

@@ -1,7 +1,7 @@
 """Step time of hvdtrain's PyTorch DistributedOptimizer against raw Horovod's, on every
 rank: ``python overhead_worker.py ROUNDS STEPS [MODEL]``.
 
-Eight copies of MODEL (models.py; default the MLP), wrapped by
+Nine copies of MODEL (models.py; default the MLP), wrapped by
 ``horovod.torch.DistributedOptimizer``, by
 ``hvdtrain.adapters.torch.DistributedOptimizer`` (default: with the non-finite check,
 its bound summed while the gradients are copied), by the latter with
@@ -10,16 +10,20 @@ the backward pass instead of one after it), by the latter taking the bound with 
 ``dot`` after the copy (before the fused packing), by the latter checking the old way
 (reading every averaged gradient instead of the bound carried in the allreduce), and
 with ``skip_nonfinite=True`` both ways (the old way also votes with one more
-collective), train in rotation (A B C ..., B C ... A, ...) for ROUNDS rounds of STEPS
-timed steps each, one compute thread per rank, all under hvdtrain's runtime defaults
-(``hvt.init()`` applies them to the process). The non-finite checks are also timed on
-their own (wall time of their parts per step), since the difference of two noisy step
-times is a poor measure of 0.1 ms: a check with a bound is what packing the gradients
-with it takes beyond packing them without it (the unchecked contender's), plus the look
-at the reduced bound. Rank 0 prints ``RESULT {json}`` with each round's median step time
-per contender and the median time of one check each way.
+collective), and the default again with its steps not timed
+(:func:`hvdtrain.step_timing.paused`), train in rotation (A B C ..., B C ... A, ...) for
+ROUNDS rounds of STEPS timed steps each, one compute thread per rank, all under
+hvdtrain's runtime defaults (``hvt.init()`` applies them to the process). The non-finite
+checks are also timed on their own (wall time of their parts per step), since the
+difference of two noisy step times is a poor measure of 0.1 ms: a check with a bound is
+what packing the gradients with it takes beyond packing them without it (the unchecked
+contender's), plus the look at the reduced bound. Rank 0 prints ``RESULT {json}`` with
+each round's median step time per contender, the median time of one check each way, and
+the step timing's time per step between its exchanges (``timing_s``, a ``StepTimer``'s
+two calls).
 """
 
+import contextlib
 import functools
 import json
 import statistics
@@ -32,6 +36,7 @@ from common import rotated
 from models import BATCH_PER_WORKER, make_batch, make_model
 
 import hvdtrain.adapters.torch as hvt
+from hvdtrain import step_timing
 from hvdtrain.adapters.torch.tally import flat_with_tally
 
 WARMUP_STEPS = 3
@@ -81,6 +86,32 @@ def with_a_dot_bound(optimizer):
     return optimizer
 
 
+def timing_seconds(calls: int = 20_000) -> float:
+    """What the step timing adds to a step on this rank, between exchanges: a
+    ``StepTimer``'s two calls (the exchange, one small allreduce per window, is not in it)."""
+    timer = step_timing.StepTimer(
+        _Alone(), lambda numbers, name: numbers,
+        step_timing.TimingSettings(window_s=1e9, lines=False, metrics_path=None))
+    for _ in range(step_timing.SETTLING_STEPS + 1):  # past the first exchange
+        timer.reduction_started(0)
+        timer.reduction_finished(0)
+    started = time.perf_counter()
+    for _ in range(calls):
+        timer.reduction_started(0)
+        timer.reduction_finished(0)
+    return (time.perf_counter() - started) / calls
+
+
+class _Alone:
+    """One worker, for :func:`timing_seconds`'s timer."""
+
+    def rank(self) -> int:
+        return 0
+
+    def size(self) -> int:
+        return 1
+
+
 def step_times(model, optimizer, x, y, steps: int) -> list[float]:
     times = []
     for _ in range(steps):
@@ -109,6 +140,8 @@ def main() -> None:
         "hvdtrain_skip": lambda o, n: hvt.DistributedOptimizer(o, n, skip_nonfinite=True),
         "hvdtrain_skip_read_vote": lambda o, n: without_the_bound(
             hvt.DistributedOptimizer(o, n, skip_nonfinite=True)),
+        # the default, its steps not timed (step_timing.paused() around them)
+        "hvdtrain_untimed": lambda o, n: hvt.DistributedOptimizer(o, n),
     }
     contenders = {label: contender(name, wrap) for label, wrap in wrappers.items()}
     # The bound, taken while packing the gradients before the allreduce, and the look at
@@ -126,9 +159,11 @@ def main() -> None:
     for round_number in range(rounds):
         for contender_name in rotated(names, round_number):
             model, optimizer = contenders[contender_name]
-            step_times(model, optimizer, x, y, WARMUP_STEPS)
-            medians[contender_name].append(
-                statistics.median(step_times(model, optimizer, x, y, steps)))
+            with (step_timing.paused() if contender_name == "hvdtrain_untimed"
+                  else contextlib.nullcontext()):
+                step_times(model, optimizer, x, y, WARMUP_STEPS)
+                medians[contender_name].append(
+                    statistics.median(step_times(model, optimizer, x, y, steps)))
     if hvt.rank() == 0:
         print("RESULT " + json.dumps({"round_medians_s": medians, "model": name,
                                       "batch_per_worker": BATCH_PER_WORKER[name],
@@ -137,6 +172,7 @@ def main() -> None:
                                       "dot_check_s": median_total(dot_check_times)
                                       - median_total(unchecked_pack_times),
                                       "read_check_s": median_total(read_check_times),
+                                      "timing_s": timing_seconds(),
                                       "workers": hvt.size()}), flush=True)
 
 

@@ -36,7 +36,8 @@ import math
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from hvdtrain.collective import Collective
@@ -172,6 +173,10 @@ class StepTimer:
         self._left: float | None = None
         self._clear_window()
 
+    def resume(self) -> None:
+        """Time passed unobserved (:func:`paused`): the next step's compute is not timed."""
+        self._entered = self._left = None
+
     def _clear_window(self) -> None:
         self._sums = [0.0] * _NUMBERS
         self._window_started = self._clock()
@@ -261,6 +266,23 @@ def stop() -> None:
     if _stop is not None:
         _stop()
     _timer, _stop = None, None
+
+
+@contextmanager
+def paused() -> Iterator[None]:
+    """Time no step inside (every rank must pause around the same steps: the ranks count
+    the steps they time alike). In a TensorFlow graph what is traced while paused is
+    never timed: the timing adds its calls to a graph only while it runs."""
+    global _stop
+    if _timer is None or _stop is None:
+        yield
+        return
+    _stop()
+    try:
+        yield
+    finally:
+        _stop = step_observers.add(_timer)
+        _timer.resume()
 
 
 def restart(*, new_workers: bool = False) -> None:

@@ -310,3 +310,36 @@ def test_the_metrics_file_holds_every_window_and_hvdtrain_report_reads_it(key, t
         logs = run.report("slow_fit_logs", 0)["logs"]
         assert logs["straggler"] == key[2] - 1 and logs["slowest_rank"] == key[2] - 1
         assert logs == run.report("slow_fit_logs", 1)["logs"]
+
+
+def test_paused_steps_reach_no_timer_and_the_gap_is_not_compute():
+    from hvdtrain.gradients import step_observers
+
+    class Alone:
+        def rank(self):
+            return 0
+
+        def size(self):
+            return 1
+
+    now = [0.0]
+    timer = step_timing.start(Alone(), lambda numbers, name: numbers, environ={})
+    try:
+        timer._clock = lambda: now[0]  # the module's timer, on a test clock
+        timer.restart()
+        for _ in range(SETTLING_STEPS + 2):
+            now[0] += 0.01
+            step_observers.reduction_started(0)
+            step_observers.reduction_finished(0)
+        counted = timer._reductions
+        with step_timing.paused():
+            assert not step_observers
+            now[0] += 5.0  # steps no timer sees
+        assert step_observers and timer._reductions == counted
+        before = timer._sums[1]  # the compute seconds
+        now[0] += 0.01
+        step_observers.reduction_started(0)
+        assert timer._sums[1] == before  # the 5 s gap is not compute
+    finally:
+        step_timing.stop()
+    assert not step_observers and step_timing.latest() is None
