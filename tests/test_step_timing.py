@@ -1,7 +1,8 @@
 """hvdtrain.step_timing: the timer against hand-driven clocks (ranks as threads, their
 exchange summed in the test), then real launches on 2 and 3 ranks, Gloo and MPI, where
-the last rank sleeps a known time more per step (tests/workers/stragglers.py): it is
-named within two windows, its excess compute is the sleep within 20 %, even ranks get no
+the last rank sleeps a known time more per step (tests/workers/stragglers.py; torch
+flat, overlapped and sharded, Keras fit on both backends, TensorFlow's tape, NumPy): it
+is named within two windows, its excess compute is the sleep within 20 %, even ranks get no
 line, and the metrics file reads back through ``hvdtrain report``."""
 
 from __future__ import annotations
@@ -213,13 +214,16 @@ def test_a_joined_rank_is_left_out_and_after_the_join_every_rank_starts_anew():
 
 
 # The launches: every framework's training paths on 2 and 3 ranks (NumPy needs MPI).
+# Keras on its torch backend once, on 2 ranks under Gloo.
 LAUNCHES = [(framework, controller, np)
             for framework, controllers in [("torch", ("gloo", "mpi")), ("keras", ("gloo", "mpi")),
                                            ("numpy", ("mpi",))]
-            for controller in controllers for np in (2, 3)]
+            for controller in controllers for np in (2, 3)] + [("keras_torch", "gloo", 2)]
 SLOW_MODES = {"torch": ["slow_flat", "slow_overlap", "slow_shard_gradients"],
-              "keras": ["slow_fit"], "numpy": ["slow_sgd"]}
-EVEN_MODES = {"torch": "even_flat", "keras": "even_fit", "numpy": "even_sgd"}
+              "keras": ["slow_fit", "slow_tape"], "keras_torch": ["slow_fit"],
+              "numpy": ["slow_sgd"]}
+EVEN_MODES = {"torch": "even_flat", "keras": "even_fit", "keras_torch": "even_fit",
+              "numpy": "even_sgd"}
 
 
 @functools.cache
@@ -229,10 +233,11 @@ def timed_launch(framework: str, controller: str, np: int) -> tuple[Run, Path]:
 
     out = Path(tempfile.mkdtemp(prefix=f"hvdtrain-stragglers-{framework}-"))
     metrics = out / "run.jsonl"
-    result = launch("stragglers.py", framework, controller=controller, np=np, timeout=200,
+    worker, _, backend = framework.partition("_")
+    result = launch("stragglers.py", worker, controller=controller, np=np, timeout=200,
                     env={step_timing.REPORT_SECONDS_VARIABLE: "1",
                          step_timing.METRICS_FILE_VARIABLE: str(metrics),
-                         "KERAS_BACKEND": "tensorflow"})
+                         "KERAS_BACKEND": backend or "tensorflow"})
     return Run(result, out), metrics
 
 
@@ -290,10 +295,10 @@ def test_the_metrics_file_holds_every_window_and_hvdtrain_report_reads_it(key, t
     records = list(read_records(metrics))
     reported = [window for mode in [*SLOW_MODES[key[0]], EVEN_MODES[key[0]]]
                 for window in run.report(mode, 0)["windows"]]
-    assert records == reported  # rank 0 wrote each window, once, in order
+    assert records == reported  # rank 0 wrote each window, once, in order (the modes' order)
     assert {record["world_size"] for record in records} == {key[2]}
     samples = [record["samples_per_second"] for record in records]
-    if key[0] == "keras":  # its batch was not given
+    if key[0].startswith("keras"):  # its batch was not given
         assert samples == [None] * len(samples)
     else:
         assert all(s == pytest.approx(r["steps_per_second"] * key[2] * 16, rel=0.01)
@@ -306,7 +311,7 @@ def test_the_metrics_file_holds_every_window_and_hvdtrain_report_reads_it(key, t
     for rank in range(key[2]):
         assert f"\n{rank:>4}  " in done.stdout
     assert plot.stat().st_size > 10_000
-    if key[0] == "keras":
+    if key[0].startswith("keras"):
         logs = run.report("slow_fit_logs", 0)["logs"]
         assert logs["straggler"] == key[2] - 1 and logs["slowest_rank"] == key[2] - 1
         assert logs == run.report("slow_fit_logs", 1)["logs"]

@@ -124,8 +124,40 @@ def keras_modes() -> dict:
 
         return lambda: windows_during(rank, name, train, hvk.join)
 
-    return rank, {"slow_fit": mode("slow_fit", True, SLOW_STEPS),
-                  "even_fit": mode("even_fit", False, EVEN_STEPS)}
+    def tape_mode(name: str, slow: bool, steps: int):
+        """A custom loop: TensorFlow's DistributedGradientTape, without optimizer=."""
+        import tensorflow as tf
+
+        import hvdtrain.adapters.tensorflow as hvtf
+
+        def train(poll) -> None:
+            keras.utils.set_random_seed(0)
+            model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64, "relu"),
+                                      keras.layers.Dense(4)])
+            optimizer = keras.optimizers.SGD(0.01)
+            loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+            x = tf.random.stateless_normal((BATCH, 32), seed=(rank, 0))
+            y = tf.range(BATCH) % 4
+
+            @tf.function
+            def step():
+                with tf.GradientTape() as tape:
+                    value = loss(y, model(x, training=True))
+                grads = hvtf.DistributedGradientTape(tape).gradient(
+                    value, model.trainable_variables)
+                optimizer.apply(grads, model.trainable_variables)
+
+            for _ in range(steps):
+                sleep_for_step(rank, size, slow)
+                step()
+                poll()
+
+        return lambda: windows_during(rank, name, train, hvtf.join)
+
+    modes = {"slow_fit": mode("slow_fit", True, SLOW_STEPS)}
+    if keras.backend.backend() == "tensorflow":
+        modes["slow_tape"] = tape_mode("slow_tape", True, SLOW_STEPS)
+    return rank, {**modes, "even_fit": mode("even_fit", False, EVEN_STEPS)}
 
 
 def numpy_modes() -> dict:
