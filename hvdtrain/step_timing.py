@@ -292,7 +292,7 @@ def restart(*, new_workers: bool = False) -> None:
         _timer.restart(new_workers=new_workers)
 
 
-def latest() -> TimingWindow | None:
+def step_times() -> TimingWindow | None:
     """The last complete window of the running timer (identical on every rank), or None
     (no timer, or no window complete yet)."""
     return None if _timer is None else _timer.latest

@@ -347,4 +347,4 @@ def test_paused_steps_reach_no_timer_and_the_gap_is_not_compute():
         assert timer._sums[1] == before  # the 5 s gap is not compute
     finally:
         step_timing.stop()
-    assert not step_observers and step_timing.latest() is None
+    assert not step_observers and step_timing.step_times() is None

@@ -87,7 +87,7 @@ def _sum_numbers(numbers: list[float], name: str) -> list[float]:
         return _ALL_TENSORS.allreduce(np.array(numbers, np.float64), name).tolist()
 
 
-step_times = step_timing.latest
+step_times = step_timing.step_times
 set_samples_per_step = step_timing.set_samples_per_step
 
 

@@ -36,11 +36,11 @@ def windows_during(rank: int, mode: str, train, restart) -> None:
     windows that completed meanwhile."""
     if rank == 0:
         print(f"MODE {mode}", file=sys.stderr, flush=True)
-    before = step_timing.latest()
+    before = step_timing.step_times()
     seen = []
 
     def poll() -> None:
-        window = step_timing.latest()
+        window = step_timing.step_times()
         if window is not None and window is not before and (not seen or window is not seen[-1]):
             seen.append(window)
 

@@ -247,5 +247,5 @@ def join(device: int = -1) -> int:
     return last
 
 
-step_times = step_timing.latest
+step_times = step_timing.step_times
 set_samples_per_step = step_timing.set_samples_per_step

@@ -28,7 +28,7 @@ class StepTimeLogs(keras.callbacks.Callback):
         self.per_rank = per_rank
 
     def _add(self, logs: dict | None) -> None:
-        window = step_timing.latest()
+        window = step_timing.step_times()
         if logs is not None and window is not None:
             logs.update(window.scalars(self.per_rank))
 
