@@ -216,13 +216,16 @@ class StepTimer:
         slots = unpack(summed, size, with_hosts)
         if with_hosts:
             self._hosts = [host or "?" for _, host in slots]
-        window = TimingWindow(
-            ranks=tuple(RankTimes(
-                rank=r, host=self._hosts[r], steps=int(n[_REDUCTIONS]),
-                compute_s=n[_COMPUTE_S] / n[_COMPUTE_STEPS] if n[_COMPUTE_STEPS] else 0.0,
-                reduction_s=n[_REDUCTION_S] / n[_REDUCTIONS], samples_per_step=n[_SAMPLES])
-                for r, (n, _) in enumerate(slots) if n[_REDUCTIONS] > 0),
-            world_size=size, seconds=max(n[_ELAPSED_S] for n, _ in slots), time=self._wall())
+        ranks = tuple(RankTimes(
+            rank=r, host=self._hosts[r], steps=int(n[_REDUCTIONS]),
+            compute_s=n[_COMPUTE_S] / n[_COMPUTE_STEPS] if n[_COMPUTE_STEPS] else 0.0,
+            reduction_s=n[_REDUCTION_S] / n[_REDUCTIONS], samples_per_step=n[_SAMPLES])
+            for r, (n, _) in enumerate(slots) if n[_REDUCTIONS] > 0)
+        if not ranks:  # no rank timed a reduction since the window began (a pause)
+            self._next_exchange = self._reductions + 1
+            return
+        window = TimingWindow(ranks=ranks, world_size=size, time=self._wall(),
+                              seconds=max(n[_ELAPSED_S] for n, _ in slots))
         per_step_s = window.seconds / max(window.steps, 1)
         if not self._settled:  # the settling steps are dropped
             self._settled = True
