@@ -122,6 +122,14 @@ def unpack(summed: Sequence[float], size: int, hosts: bool
              .decode("utf-8", "replace") or None) for slot in slots]
 
 
+def this_host(environ: Mapping[str, str] = os.environ) -> str:
+    """This rank's host as the launcher names it (``horovodrun -H``'s names, which
+    ``HOROVOD_HOSTNAME`` carries), or the machine's name where that says only
+    "localhost" or is not set (``mpirun``, ``srun``)."""
+    named = environ.get("HOROVOD_HOSTNAME", "")
+    return named if named not in ("", "localhost", "127.0.0.1") else socket.gethostname()
+
+
 def steps_until(seconds: float, per_step_s: float) -> int:
     """How many steps of ``per_step_s`` cover ``seconds`` (at least 1)."""
     if per_step_s <= 0:
@@ -140,7 +148,7 @@ class StepTimer:
         settings: the window and what rank 0 reports.
         report: rank 0's report (made from ``settings`` when None).
         clock: a monotonic clock in seconds; ``wall``: the time of day (for records).
-        host: this rank's host name (the machine's when None).
+        host: this rank's host name (:func:`this_host` when None).
     """
 
     def __init__(self, collective: Collective, sum_numbers: SumNumbers,
@@ -154,7 +162,7 @@ class StepTimer:
                                                 lines=settings.lines)
         self._clock = clock
         self._wall = wall
-        self._host = host or socket.gethostname()
+        self._host = host or this_host()
         self.samples_per_step = 0.0
         self.latest: TimingWindow | None = None
         """The last complete window, the same on every rank (None before the first)."""

@@ -65,6 +65,14 @@ def test_each_rank_fills_its_own_slot_and_the_sum_holds_every_rank_and_host():
     assert unpack(pack(1, 2, [7.0], None), 2, hosts=False) == [([0.0], None), ([7.0], None)]
 
 
+def test_the_host_is_the_launchers_name_for_it_else_the_machines():
+    import socket
+
+    assert step_timing.this_host({"HOROVOD_HOSTNAME": "node-7"}) == "node-7"
+    for unnamed in ({"HOROVOD_HOSTNAME": "localhost"}, {}):
+        assert step_timing.this_host(unnamed) == socket.gethostname()
+
+
 def test_steps_until_covers_the_time_left():
     assert steps_until(1.0, 0.3) == 4
     assert steps_until(0.0, 0.3) == 1

@@ -16,6 +16,7 @@ schedule and the data set:
   shrink with ``shard_gradients=True``, ZeRO stage 2) and SGD with momentum, whose
   state each reset re-shards for the new number of workers; the final weights equal
   one process replaying the steps that stand.
+- the step timing (1 s windows) before and after the shrink's reset.
 - below-min: 3 workers with ``--min-np 3``, one killed: the job ends non-zero within
   the elastic timeout plus 60 s and leaves no worker behind, whether the launcher stops
   the survivors (the stand-in passes its termination on) or not (a stand-in that
@@ -26,6 +27,9 @@ The same scenarios over real ssh are in tests/test_ssh_cluster.py.
 
 import pytest
 from elastic_jobs import check_below_min, check_grow, check_replay, check_shrink
+
+from hvdtrain.step_timing import METRICS_FILE_VARIABLE, REPORT_SECONDS_VARIABLE
+from hvdtrain.stragglers import read_records
 
 pytestmark = pytest.mark.timeout(300)
 WORKER = "torch_elastic_train.py"
@@ -46,6 +50,20 @@ def test_a_sharded_state_is_resharded_when_a_worker_is_lost(tmp_path):
 
 def test_a_sharded_state_is_resharded_when_a_worker_joins(tmp_path):
     check_grow(WORKER, tmp_path, check=check_replay, HVDTRAIN_TEST_SHARDED="1")
+
+
+def test_the_step_timing_goes_on_after_a_reset_with_the_workers_left(tmp_path):
+    """Short windows, so that the ranks exchange their times before and after the reset:
+    the reset starts the window anew on the survivors, who go on exchanging as 2."""
+    metrics = tmp_path / "run.jsonl"
+    check_shrink(WORKER, tmp_path, **{REPORT_SECONDS_VARIABLE: "0.3",
+                                      METRICS_FILE_VARIABLE: str(metrics)})
+    records = list(read_records(metrics))
+    sizes = [record["world_size"] for record in records]
+    assert sizes[0] == 3 and sizes[-1] == 2 and sizes == sorted(sizes, reverse=True), sizes
+    assert all(len(record["ranks"]) == record["world_size"] for record in records)
+    assert {entry["host"] for record in records if record["world_size"] == 2
+            for entry in record["ranks"]} == {"host-a", "host-b"}
 
 
 def test_losing_rank_0_leaves_the_others_training(tmp_path):
