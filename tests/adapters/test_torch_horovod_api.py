@@ -19,7 +19,7 @@ from hvdtrain import horovod_patches, runtime
 from hvdtrain.jobs.launch import CONTROLLERS
 
 # hvdtrain's own versions (docs/torch.md, "Coming from horovod.torch"); elastic is a module.
-OURS = {"init", "DistributedOptimizer"}
+OURS = {"init", "DistributedOptimizer", "join"}
 PUBLIC = sorted(name for name in dir(horovod_torch) if not name.startswith("_")
                 and not isinstance(getattr(horovod_torch, name), types.ModuleType))
 
@@ -37,6 +37,15 @@ def test_the_elastic_module_keeps_horovods_names_with_hvdtrains_state():
     assert hvt.elastic.ElasticSampler is horovod_torch.elastic.ElasticSampler
     assert issubclass(hvt.elastic.TorchState, horovod_torch.elastic.TorchState)
     assert set(horovod_torch.elastic.__all__) <= set(hvt.elastic.__all__)
+
+
+def test_join_takes_horovods_arguments():
+    import inspect
+
+    assert inspect.signature(hvt.join).parameters.keys() == \
+        inspect.signature(horovod_torch.join).parameters.keys()
+    assert inspect.signature(hvt.join).parameters["device"].default == \
+        inspect.signature(horovod_torch.join).parameters["device"].default
 
 
 @pytest.mark.parametrize("name", [name for name in PUBLIC if name not in OURS])

@@ -3,9 +3,10 @@
 A Horovod user switches by changing one import: every public name of
 ``horovod.torch`` is here, Horovod's own object (``rank``, ``size``, ``allreduce``,
 ``barrier``, ``broadcast_parameters``, process sets, ``SyncBatchNorm``, ...), except
-:func:`init` (Horovod's, plus hvdtrain's runtime defaults) and
+:func:`init` (Horovod's, plus hvdtrain's runtime defaults),
 :func:`DistributedOptimizer` (the same first arguments as
-``horovod.torch.DistributedOptimizer``). What hvdtrain adds, one module per concern:
+``horovod.torch.DistributedOptimizer``) and :func:`join` (Horovod's, then the step
+timing starts its window anew). What hvdtrain adds, one module per concern:
 
 - :mod:`.optimizer`: :func:`DistributedOptimizer` averages over accumulated
   micro-batches too when asked (``average_aggregated_gradients=True``; Horovod's
