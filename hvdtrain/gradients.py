@@ -207,13 +207,22 @@ class StepObserver(Protocol):
     """Something that watches every averaged step (a timer, a report). Each adapter
     calls these on :data:`step_observers` in the order below; a step starts where the
     previous one finished. They run on the training thread: keep them short (the step
-    timing of :mod:`hvdtrain.step_timing` adds one small allreduce per window)."""
+    timing of :mod:`hvdtrain.step_timing` adds one small allreduce per window).
 
-    def reduction_started(self, step: int) -> None:
+    An observer whose ``takes_late_events`` is True may be told a batch of steps late,
+    with ``at=`` the time each reduction started and finished (``time.perf_counter``'s
+    clock): inside a TensorFlow graph, where calling Python costs about 0.1 ms per call,
+    the Keras adapter then records the times in the graph and tells them every
+    :data:`hvdtrain.adapters.keras.step_events.LATE_BATCH` steps, when every observer
+    takes late events."""
+
+    takes_late_events: bool
+
+    def reduction_started(self, step: int, at: float | None = None) -> None:
         """This rank sends the gradients of optimizer step ``step`` (from 0; -1 where no
         optimizer is known, as a ``DistributedGradientTape`` without ``optimizer=``)."""
 
-    def reduction_finished(self, step: int) -> None:
+    def reduction_finished(self, step: int, at: float | None = None) -> None:
         """The averaged gradients of ``step`` are back on this rank."""
 
     def step_finished(self, step: int, applied: bool) -> None:
@@ -239,15 +248,27 @@ class StepObservers:
     def __bool__(self) -> bool:
         return bool(self._observers)
 
-    def reduction_started(self, step: int) -> None:
-        """Tell every observer (:meth:`StepObserver.reduction_started`)."""
-        for observer in self._observers:
-            observer.reduction_started(step)
+    @property
+    def take_late_events(self) -> bool:
+        """Whether every observer may be told late (:class:`StepObserver`)."""
+        return all(getattr(o, "takes_late_events", False) for o in self._observers)
 
-    def reduction_finished(self, step: int) -> None:
+    def reduction_started(self, step: int, at: float | None = None) -> None:
+        """Tell every observer (:meth:`StepObserver.reduction_started`; ``at`` only
+        when given, to observers that take late events)."""
+        for observer in self._observers:
+            if at is None:
+                observer.reduction_started(step)
+            else:
+                observer.reduction_started(step, at=at)
+
+    def reduction_finished(self, step: int, at: float | None = None) -> None:
         """Tell every observer (:meth:`StepObserver.reduction_finished`)."""
         for observer in self._observers:
-            observer.reduction_finished(step)
+            if at is None:
+                observer.reduction_finished(step)
+            else:
+                observer.reduction_finished(step, at=at)
 
     def step_finished(self, step: int, applied: bool) -> None:
         """Tell every observer (:meth:`StepObserver.step_finished`)."""

@@ -181,44 +181,48 @@ class StepTimer:
         self._left: float | None = None
         self._clear_window()
 
+    takes_late_events = True
+    """Events may come late with their times (:class:`hvdtrain.gradients.StepObserver`)."""
+
     def resume(self) -> None:
         """Time passed unobserved (:func:`paused`): the next step's compute is not timed."""
         self._entered = self._left = None
 
-    def _clear_window(self) -> None:
+    def _clear_window(self, now: float | None = None) -> None:
         self._sums = [0.0] * _NUMBERS
-        self._window_started = self._clock()
+        self._window_started = self._clock() if now is None else now
 
-    def reduction_started(self, step: int) -> None:
+    def reduction_started(self, step: int, at: float | None = None) -> None:
         """Close this step's compute (:meth:`hvdtrain.gradients.StepObserver.reduction_started`)."""
-        now = self._clock()
+        now = self._clock() if at is None else at
         if self._left is not None:
             self._sums[_COMPUTE_STEPS] += 1
             self._sums[_COMPUTE_S] += now - self._left
         self._entered = now
 
-    def reduction_finished(self, step: int) -> None:
+    def reduction_finished(self, step: int, at: float | None = None) -> None:
         """Close this step's reduction; exchange when the window's step has come."""
-        now = self._clock()
+        now = self._clock() if at is None else at
         if self._entered is not None:
             self._sums[_REDUCTIONS] += 1
             self._sums[_REDUCTION_S] += now - self._entered
             self._entered = None
         self._reductions += 1
         if self._reductions >= self._next_exchange:
-            self._exchange()
-            now = self._clock()  # the exchange is not the next step's compute
+            self._exchange(now)
+            if at is None:  # told as it happens: the exchange is not the next compute
+                now = self._clock()
         self._left = now
 
     def step_finished(self, step: int, applied: bool) -> None:
         """Nothing: the compute runs on until the next reduction."""
 
-    def _exchange(self) -> None:
+    def _exchange(self, now: float) -> None:
         rank, size = self._collective.rank(), self._collective.size()
         with_hosts = self._hosts is None or len(self._hosts) != size
         mine = [*self._sums]
         mine[_SAMPLES] = self.samples_per_step
-        mine[_ELAPSED_S] = self._clock() - self._window_started
+        mine[_ELAPSED_S] = now - self._window_started
         summed = self._sum_numbers(pack(rank, size, mine, self._host if with_hosts else None),
                                    "hvdtrain.step_times" + (".hosts" if with_hosts else ""))
         slots = unpack(summed, size, with_hosts)
@@ -237,7 +241,7 @@ class StepTimer:
         per_step_s = window.seconds / max(window.steps, 1)
         if not self._settled:  # the settling steps are dropped
             self._settled = True
-            self._clear_window()
+            self._clear_window(now)
             self._next_exchange = self._reductions + steps_until(self.settings.window_s,
                                                                  per_step_s)
             return
@@ -248,7 +252,7 @@ class StepTimer:
         self.latest = window
         if rank == 0:
             self.report.window(window)
-        self._clear_window()
+        self._clear_window(now)
         self._next_exchange = self._reductions + steps_until(self.settings.window_s,
                                                              per_step_s)
 

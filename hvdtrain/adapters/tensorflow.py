@@ -182,12 +182,12 @@ class DistributedGradientTape:
         if self.check_nonfinite:
             step = self.optimizer.iterations if self.optimizer is not None else "(unknown)"
         names = reduction.variable_names(tf.nest.flatten(sources), unnamed="sources")
-        observed_step = self.optimizer.iterations if self.optimizer is not None else -1
-        step_events.tell("reduction_started", observed_step, after=flat)
+        told = step_events.reduction_started(
+            self.optimizer.iterations if self.optimizer is not None else -1, after=flat)
         averaged = reduction.average_gradients(flat, self.compression, self.op,
                                                  check_step=step, remedy=TAPE_REMEDY,
                                                  names=names)
-        step_events.tell("reduction_finished", observed_step, after=averaged)
+        step_events.reduction_finished(told, after=averaged, last=True)
         return tf.nest.pack_sequence_as(grads, averaged)
 
 

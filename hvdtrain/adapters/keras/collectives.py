@@ -17,6 +17,7 @@ import numpy as np
 from keras import ops
 
 from hvdtrain import horovod_patches, step_timing, watchdog
+from hvdtrain.adapters.keras import step_events
 from hvdtrain.adapters.keras.backend import UNSCOPED, collective, horovod
 from hvdtrain.replicas import checksums, verify_checksums
 from hvdtrain.validation import require_root_rank
@@ -45,6 +46,7 @@ def join(device: int | None = None) -> int:
     _joined = True
     last = int(horovod().join() if device is None else horovod().join(device))
     step_timing.restart()
+    step_events.discard_pending()
     return last
 
 

@@ -109,12 +109,11 @@ def loss_scale_class(base: type, reduction: Reduction) -> type:
         _hvdtrain_reduction = reduction
 
         def apply(self, grads, trainable_variables=None):
-            grads, observers = list(grads), reduction.observers()
-            step_events.tell("reduction_started", self.iterations, after=grads,
-                             observers=observers)
+            grads = list(grads)
+            told = step_events.reduction_started(self.iterations, after=grads,
+                                                 observers=reduction.observers())
             averaged = reduction.apply(grads)
-            step_events.tell("reduction_finished", self.iterations, after=averaged,
-                             observers=observers)
+            step_events.reduction_finished(told, after=averaged, last=True)
             return super().apply(averaged, trainable_variables)
 
     _name_like(DistributedLossScale, base)
@@ -161,12 +160,11 @@ def distributed_class(base: type, reduction: Reduction, on_nonfinite: NonFiniteP
 
         def _clip_gradients(self, grads):
             raises = on_nonfinite is NonFinitePolicy.RAISE
-            observers = reduction.observers()
-            step_events.tell("reduction_started", self.iterations, after=grads,
-                             observers=observers)
+            # What the update step tells the observers, past Keras's attribute tracking.
+            object.__setattr__(self, "_hvdtrain_told", step_events.reduction_started(
+                self.iterations, after=grads, observers=reduction.observers()))
             averaged = self._reduce(grads, self.iterations if raises else None)
-            step_events.tell("reduction_finished", self.iterations, after=averaged,
-                             observers=observers)
+            step_events.reduction_finished(self._hvdtrain_told, after=averaged)
             if skip_nonfinite:
                 self._hvdtrain_update = finite_on_every_rank(averaged)
             return super()._clip_gradients(averaged)
@@ -204,8 +202,7 @@ def distributed_class(base: type, reduction: Reduction, on_nonfinite: NonFiniteP
                                   lambda: parent(grads, trainable_variables, learning_rate),
                                   skip)
                 applied = self._hvdtrain_update
-            step_events.tell("step_finished", self.iterations, applied,
-                             observers=reduction.observers())
+            step_events.step_finished(self._hvdtrain_told, applied)
             return result
 
         def build(self, variables):

@@ -10,7 +10,7 @@ from horovod.common.elastic import run_fn
 from horovod.common.exceptions import HorovodInternalError
 
 from hvdtrain import step_timing
-from hvdtrain.adapters.keras import backend
+from hvdtrain.adapters.keras import backend, step_events
 from hvdtrain.elastic import bounded_reset
 
 __all__ = ["run"]
@@ -66,3 +66,4 @@ def _reset() -> None:
     hvd.shutdown()
     hvd.init()
     step_timing.restart(new_workers=True)
+    step_events.discard_pending()
