@@ -13,8 +13,9 @@ ROUNDS rounds of STEPS timed steps. The check is also timed alone, on tensors sh
 like the model's gradients, both ways: what hvdtrain does around the allreduce with the
 check against without it (packing with and without the bound, unpacking with and
 without the look at it), and the separate read against a pass-through. Rank 0 prints
-``RESULT {json}`` with each round's median step time and the checks' median times per
-call.
+``RESULT {json}`` with each round's median step time, the checks' median times per
+call, and the step timing's time per step in the graph (``timing_s``: its timestamps
+and table around a stand-in reduction, timed alone like the check).
 """
 
 import contextlib
@@ -31,7 +32,8 @@ from keras_models import BATCH_PER_WORKER, loss, make_data, make_model
 
 import hvdtrain.adapters.keras as hvk
 from hvdtrain import step_timing
-from hvdtrain.adapters.keras import reduction, tally
+from hvdtrain.adapters.keras import reduction, step_events, tally
+from hvdtrain.gradients import StepObservers
 
 WARMUP_STEPS = 3
 CHECK_CALLS = 200
@@ -105,6 +107,55 @@ def check_seconds(model: keras.Model, rounds: int) -> dict[str, float | bool]:
                for key, (checked, unchecked) in pairs.items()}}
 
 
+class LateObserver:
+    """An observer that takes late events and does nothing: what the step timing makes
+    the graph do, without the timing's own Python."""
+
+    takes_late_events = True
+
+    def reduction_started(self, step, at=None) -> None:
+        pass
+
+    def reduction_finished(self, step, at=None) -> None:
+        pass
+
+    def step_finished(self, step, applied) -> None:
+        pass
+
+
+def timing_seconds(model: keras.Model, rounds: int) -> float:
+    """What the step timing adds to a graph step, per step: its timestamps and the table
+    of updates (told every ``LATE_BATCH`` steps), around a stand-in for the reduction on
+    tensors shaped like ``model``'s gradients; the median over ``rounds`` of (timed call
+    - untimed call)."""
+    grads = [tf.ones_like(v) for v in model.trainable_variables]
+    step = tf.Variable(0, dtype=tf.int64)
+    observers = StepObservers()
+    observers.add(LateObserver())
+
+    def reduce(g):
+        return [t * 0.5 for t in g]
+
+    @tf.function
+    def timed(g):
+        told = step_events.reduction_started(step, after=g, observers=observers)
+        averaged = reduce(g)
+        step_events.reduction_finished(told, after=averaged)
+        step_events.step_finished(told, True)
+        return averaged
+
+    untimed = tf.function(reduce)
+
+    def per_call(function) -> float:
+        function(grads)
+        started = time.perf_counter()
+        for _ in range(CHECK_CALLS):
+            function(grads)
+        return (time.perf_counter() - started) / CHECK_CALLS
+
+    return statistics.median(per_call(timed) - per_call(untimed) for _ in range(rounds))
+
+
 def main() -> None:
     rounds, steps = int(sys.argv[1]), int(sys.argv[2])
     model_name = sys.argv[3] if len(sys.argv) > 3 else "mlp"
@@ -132,6 +183,7 @@ def main() -> None:
                 medians[name].append(statistics.median(step_times(contenders[name], x, y,
                                                                   steps)))
     checks = check_seconds(contenders["hvdtrain"], max(3, rounds // 5))
+    checks["timing_s"] = timing_seconds(contenders["hvdtrain"], max(3, rounds // 5))
     if hvk.rank() == 0:
         print("RESULT " + json.dumps({"round_medians_s": medians, **checks,
                                       "model": model_name,

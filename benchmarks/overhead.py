@@ -8,7 +8,10 @@ write on raw Horovod, on the same model, 2 ranks, Gloo and MPI.
   ``skip_nonfinite=True`` both ways) against ``horovod.torch.DistributedOptimizer``
   (overhead_worker.py).
 - Both: hvdtrain's default again with the step timing paused
-  (:func:`hvdtrain.step_timing.paused`), which prices the timing that is on by default.
+  (:func:`hvdtrain.step_timing.paused`), beside the timing's own time per step measured
+  alone (torch: the timer's two calls; Keras: the graph's timestamps and table), which
+  is what the target judges, as for the check: the difference of two noisy step times
+  is a poor measure of microseconds.
 - Keras 3: ``hvk.DistributedOptimizer`` (default and with ``check_nonfinite=False``)
   against an SGD whose ``apply`` does one grouped allreduce, which also runs followed by
   the separate non-finite check hvdtrain used before its flat buffer
@@ -139,10 +142,11 @@ def targets(summary: dict) -> list[tuple[str, bool]]:
         verdicts.append((f"{where}: hvdtrain / {e['baseline']} = "
                          f"{e['median_ratio']['hvdtrain']:.3f} (target <= {TARGET_RATIO})",
                          e["median_ratio"]["hvdtrain"] <= TARGET_RATIO))
-        if "timing_cost_ratio" in e:
-            verdicts.append((f"{where}: hvdtrain / hvdtrain with the step timing paused = "
-                             f"{e['timing_cost_ratio']:.3f} (target <= {TARGET_RATIO})",
-                             e["timing_cost_ratio"] <= TARGET_RATIO))
+        if "timing_share_of_step" in e:
+            share = e["timing_share_of_step"]
+            verdicts.append((f"{where}: the step timing takes {100 * share:.2f}% of the "
+                             f"step (target <= {100 * TARGET_CHECK_SHARE:.0f}%)",
+                             share <= TARGET_CHECK_SHARE))
         if "check_share_of_step" in e:
             share = e["check_share_of_step"]
             verdicts.append((f"{where}: the non-finite check takes {100 * share:.1f}% of the "
@@ -168,8 +172,8 @@ def tables(result: dict) -> str:
         if "timing_cost_ratio" not in entry:
             return "—"
         low, high = entry["timing_cost_95ci"]
-        alone = (f"; {1e6 * entry['timing_s']:.1f} µs, {100 * entry['timing_share_of_step']:.2f}%"
-                 if "timing_s" in entry else "")
+        alone = (f"; alone {1e6 * entry['timing_s']:.1f} µs, "
+                 f"{100 * entry['timing_share_of_step']:.2f}%" if "timing_s" in entry else "")
         return f"{entry['timing_cost_ratio']:.3f} ({low:.3f}-{high:.3f}){alone}"
 
     rows = []
@@ -188,4 +192,4 @@ def tables(result: dict) -> str:
          "check_nonfinite=False ratio", "overlap=True ratio", "the check alone",
          "torch: bound by `dot` after the copy", "the old check (read the averaged gradients)",
          "torch: skip_nonfinite=True step / default: with the bound / old",
-         "the step timing: step / step paused (95% CI); torch: its calls alone"], rows)
+         "the step timing: step / step paused (95% CI); alone per step"], rows)
