@@ -32,7 +32,7 @@ _NO_STEP_FINISHED = -1.0  # a table row's applied flag when no step_finished fol
 
 
 @dataclass
-class Reduction:
+class ObservedReduction:
     """One update's reduction as traced: whom to tell, and (recording late) the
     timestamp tensors of its start and end."""
 
@@ -48,13 +48,13 @@ class Reduction:
 
 
 def reduction_started(step: Any, *, after: Sequence[Any] = (),
-                      observers: StepObservers = step_observers) -> Reduction:
+                      observers: StepObservers = step_observers) -> ObservedReduction:
     """Tell ``observers`` that the reduction of ``step`` (the optimizer's ``iterations``,
     or -1 when there is none) starts. In a graph the call, or the timestamp, waits for
     the tensors ``after`` (the gradients): nothing else orders it against the forward
     and backward pass, which the observers time. ``observers``: nobody for a process
     set's reduction (:func:`hvdtrain.gradients.observers_of`)."""
-    reduction = Reduction(observers, step)
+    reduction = ObservedReduction(observers, step)
     if not observers:
         return reduction
     if in_tensorflow_graph() and observers.take_late_events:
@@ -64,7 +64,7 @@ def reduction_started(step: Any, *, after: Sequence[Any] = (),
     return reduction
 
 
-def reduction_finished(reduction: Reduction, *, after: Sequence[Any] = (),
+def reduction_finished(reduction: ObservedReduction, *, after: Sequence[Any] = (),
                        last: bool = False) -> None:
     """Tell the observers that ``reduction``'s averaged gradients (``after``) are back;
     ``last``: no :func:`step_finished` follows (a gradient tape)."""
@@ -78,7 +78,7 @@ def reduction_finished(reduction: Reduction, *, after: Sequence[Any] = (),
     _tell(reduction.observers, "reduction_finished", reduction.step, after=after)
 
 
-def step_finished(reduction: Reduction, applied: Any) -> None:
+def step_finished(reduction: ObservedReduction, applied: Any) -> None:
     """Tell the observers that ``reduction``'s update was applied (or skipped:
     ``applied`` False, a boolean or a boolean tensor)."""
     if not reduction.observers:
@@ -143,7 +143,7 @@ class _Table:
 _table: _Table | None = None
 
 
-def _record(reduction: Reduction, applied: Any) -> None:
+def _record(reduction: ObservedReduction, applied: Any) -> None:
     """Add ``reduction``'s row to the table; tell the table when it is full."""
     import tensorflow as tf
 
