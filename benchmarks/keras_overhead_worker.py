@@ -73,6 +73,15 @@ def step_times(model, x, y, steps: int) -> list[float]:
     return times
 
 
+def per_call(function, grads) -> float:
+    """Seconds per call of the compiled ``function`` on ``grads`` (after one call)."""
+    function(grads)
+    started = time.perf_counter()
+    for _ in range(CHECK_CALLS):
+        function(grads)
+    return (time.perf_counter() - started) / CHECK_CALLS
+
+
 def check_seconds(model: keras.Model, rounds: int) -> dict[str, float | bool]:
     """The non-finite check's time per call on tensors shaped like ``model``'s gradients,
     the median over ``rounds`` of (checked call - unchecked call): ``check_s`` the way
@@ -94,15 +103,8 @@ def check_seconds(model: keras.Model, rounds: int) -> dict[str, float | bool]:
     pairs = {"read_check_s": (read, passed),
              "check_s": (flat(True), flat(False)) if flat_buffer else (read, passed)}
 
-    def per_call(function) -> float:
-        function(grads)
-        started = time.perf_counter()
-        for _ in range(CHECK_CALLS):
-            function(grads)
-        return (time.perf_counter() - started) / CHECK_CALLS
-
     return {"flat_buffer": flat_buffer,
-            **{key: statistics.median(per_call(checked) - per_call(unchecked)
+            **{key: statistics.median(per_call(checked, grads) - per_call(unchecked, grads)
                                       for _ in range(rounds))
                for key, (checked, unchecked) in pairs.items()}}
 
@@ -146,14 +148,8 @@ def timing_seconds(model: keras.Model, rounds: int) -> float:
 
     untimed = tf.function(reduce)
 
-    def per_call(function) -> float:
-        function(grads)
-        started = time.perf_counter()
-        for _ in range(CHECK_CALLS):
-            function(grads)
-        return (time.perf_counter() - started) / CHECK_CALLS
-
-    return statistics.median(per_call(timed) - per_call(untimed) for _ in range(rounds))
+    return statistics.median(per_call(timed, grads) - per_call(untimed, grads)
+                             for _ in range(rounds))
 
 
 def main() -> None:
