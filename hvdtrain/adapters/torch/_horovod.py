@@ -41,6 +41,7 @@ from horovod.torch.optimizer import _DistributedOptimizer as HorovodOptimizer
 
 from hvdtrain import watchdog
 from hvdtrain.collective import Collective, HorovodCollective, ReduceOp, TensorCollective
+from hvdtrain.gradients import StepObservers, observers_of
 
 CHECKED_VERSION = "0.28.1"
 PRIVATE_APIS: dict[str, tuple[object, tuple[str, ...]]] = {
@@ -169,6 +170,12 @@ def allreduce_number(value: float, op: ReduceOp, name: str, process_set: hvd.Pro
     """``value`` reduced by ``op`` over the ranks of ``process_set``
     (:func:`allreduce_numbers`)."""
     return allreduce_numbers([value], op, name, process_set, what)[0]
+
+
+def observers_for(process_set: hvd.ProcessSet) -> StepObservers:
+    """The core's step observers, when a reduction over ``process_set`` spans the job
+    (:func:`hvdtrain.gradients.observers_of`)."""
+    return observers_of(process_set.size(), hvd.size())
 
 
 def sum_numbers(numbers: list[float], name: str) -> list[float]:

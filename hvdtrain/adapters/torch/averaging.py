@@ -16,22 +16,19 @@ from typing import Any
 
 import torch
 from horovod.torch import Average, ProcessSet
-from horovod.torch import size as job_size
 
 from hvdtrain import watchdog
 
 # Horovod's optimizer class: its methods add the gradient hooks, fusion and
 # synchronize(); distributed_class builds on them.
 from hvdtrain.adapters.torch._horovod import HorovodOptimizer as _HorovodOptimizer
-from hvdtrain.adapters.torch._horovod import tensors
+from hvdtrain.adapters.torch._horovod import observers_for, tensors
 from hvdtrain.adapters.torch.compression import HOROVOD_COMPRESSION, bf16_allreduce_async
 from hvdtrain.adapters.torch.tally import flat_with_tally, read_tally
 from hvdtrain.gradients import (
     NonFinitePolicy,
-    StepObservers,
     any_rank,
     joined_rescale,
-    observers_of,
     some_ranks_joined,
     wire_format,
 )
@@ -104,7 +101,7 @@ class CheckedAveraging:
         # post-scaling divides by it, in the pass that divides by the world size.
         uniform = len(counts) == 1
         postscale = 1.0 / max(next(iter(counts)), 1) if uniform else 1.0
-        observers = self._observers()
+        observers = observers_for(self.process_set)
         if observers:
             observers.reduction_started(self.steps_taken)
         self._reduce_gradients(postscale, passes if divide else None, uniform)
@@ -155,14 +152,10 @@ class CheckedAveraging:
         if skip:
             self.skipped_steps += 1
             self._synchronized = False
-        observers = self._observers()
+        observers = observers_for(self.process_set)
         if observers:
             observers.step_finished(step, applied=not skip)
         return result
-
-    def _observers(self) -> StepObservers:
-        """The core's step observers, when this optimizer's reduction spans the job."""
-        return observers_of(self.process_set.size(), job_size())
 
     def _apply_averaged(self, closure=None):
         """The step itself, once the gradients are averaged and checked (with
