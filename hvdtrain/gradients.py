@@ -40,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from hvdtrain import horovod_patches
 from hvdtrain.collective import TensorCollective
 
 TALLY = 2
@@ -164,14 +165,20 @@ class WireFormat:
         dtype: the dtype on the wire, or None for the gradients' own.
         largest: the largest finite number on the wire, or None for the gradients' own
             dtype's.
-        reduced_natively: whether Horovod reduces it; a format it cannot reduce travels
-            through its allgather and is added up on every rank in rank order.
+        needs_patch: the hvdtrain patch to Horovod that reduces it (None: every Horovod
+            does); on a Horovod without it the format travels through Horovod's allgather
+            and is added up on every rank in rank order.
     """
 
     name: str | None
     dtype: str | None
     largest: float | None
-    reduced_natively: bool
+    needs_patch: str | None = None
+
+    @property
+    def reduced_natively(self) -> bool:
+        """Whether the installed Horovod reduces this format in its allreduce."""
+        return self.needs_patch is None or horovod_patches.has_patch(self.needs_patch)
 
     @property
     def bytes_per_element(self) -> int | None:
@@ -186,9 +193,10 @@ class WireFormat:
 
 
 WIRE_FORMATS: dict[str | None, WireFormat] = {
-    None: WireFormat(None, None, None, reduced_natively=True),
-    "fp16": WireFormat("fp16", "float16", 65504.0, reduced_natively=True),
-    "bf16": WireFormat("bf16", "bfloat16", 3.3895313892515355e38, reduced_natively=False),
+    None: WireFormat(None, None, None),
+    "fp16": WireFormat("fp16", "float16", 65504.0),
+    "bf16": WireFormat("bf16", "bfloat16", 3.3895313892515355e38,
+                       needs_patch=horovod_patches.BFLOAT16),
 }
 """Every ``compression`` hvdtrain accepts, by name."""
 

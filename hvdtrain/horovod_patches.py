@@ -52,6 +52,7 @@ GLOO_RING_REDUCESCATTER = "0007-gloo-ring-reducescatter"
 MPI_RING_REDUCESCATTER = "0008-mpi-ring-reducescatter"
 GLOO_RELEASE_AT_SHUTDOWN = "0009-gloo-release-at-shutdown"
 RENDEZVOUS_CLEARS_FINISHED_SCOPES = "0010-rendezvous-clears-finished-scopes"
+BFLOAT16 = "0011-bfloat16"
 
 PATCHES: tuple[Patch, ...] = (
     Patch(QUIET_EXTENSION_CHECK, "horovodrun's build check prints TensorFlow's start-up log"),
@@ -78,6 +79,9 @@ PATCHES: tuple[Patch, ...] = (
                                              "can abort there (gloo::IoException) when one "
                                              "rank left the last rendezvous later than "
                                              "another"),
+    Patch(BFLOAT16, "Horovod reduces no bfloat16: compression='bf16' goes through its "
+                    "allgather (fewer bytes than float32 only up to 3 workers) and bfloat16 "
+                    "parameters cannot be trained"),
 )
 
 # Read once per process (installed()), and announced once per process (announce_missing()).

@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from hvdtrain import gradients
+from hvdtrain import gradients, horovod_patches
 from hvdtrain.gradients import (
     BOUND,
     COUNT,
@@ -145,7 +145,11 @@ def test_the_wire_formats_and_their_largest_numbers():
     assert wire_format("bf16").largest < LARGEST32
     assert wire_format("bf16").bytes_per_element == 2 and wire_format(None).bytes_per_element \
         is None
-    assert not wire_format("bf16").reduced_natively and wire_format("fp16").reduced_natively
+    assert wire_format("fp16").reduced_natively and wire_format(None).reduced_natively
+    # bf16 is reduced natively exactly when the installed Horovod carries patch 0011
+    assert wire_format("bf16").needs_patch == horovod_patches.BFLOAT16
+    assert wire_format("bf16").reduced_natively == horovod_patches.has_patch(
+        horovod_patches.BFLOAT16)
 
 
 @pytest.mark.parametrize("bad", ["zip", 16, ["fp16"]])

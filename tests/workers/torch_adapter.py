@@ -561,6 +561,17 @@ def main() -> None:
         "sgd_fp16": dict(kind="sgd", dtype=torch.float32, compression="fp16"),
         "sgd_bf16": dict(kind="sgd", dtype=torch.float32, compression="bf16"),
         "sgd_float32": dict(kind="sgd", dtype=torch.float32),
+        # bfloat16 on the wire, reduced by Horovod (patch 0011): per tensor, and sharded
+        # (and, derived below, reduce-scattered)
+        "sgd_bf16_overlap": dict(kind="sgd", dtype=torch.float32, compression="bf16",
+                                 overlap=True),
+        "sgd_bf16_sharded": dict(kind="sgd", dtype=torch.float32, compression="bf16",
+                                 shard_state=True),
+        # bfloat16 parameters and gradients, every path
+        "sgd_bfloat16": dict(kind="sgd", dtype=torch.bfloat16),
+        "sgd_bfloat16_overlap": dict(kind="sgd", dtype=torch.bfloat16, overlap=True),
+        "adamw_bfloat16": dict(kind="adamw", dtype=torch.bfloat16),
+        "adamw_bfloat16_sharded": dict(kind="adamw", dtype=torch.bfloat16, shard_state=True),
         "adamw": dict(kind="adamw"),
         "adamw_clip": dict(kind="adamw", clip=0.05),
         "sgd_sharded": dict(kind="sgd", shard_state=True),

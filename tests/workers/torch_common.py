@@ -79,14 +79,14 @@ def loss_fn(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.T
 
 
 def reference_run(kind: str, passes: int = 1, steps: int = STEPS, clip: float | None = None,
-                  warmup: bool = True, optimizer_state: dict | None = None
-                  ) -> dict[str, torch.Tensor]:
+                  warmup: bool = True, optimizer_state: dict | None = None,
+                  dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
     """One process, batch = all workers' micro-batches, LR from hvdtrain.schedule (or
     constant without ``warmup``), the gradient clipped to norm ``clip`` when given by
     torch's own clip_grad_norm_. ``optimizer_state``, a dict, receives the optimizer's
-    state_dict() at the end."""
-    x, y = make_data()
-    model = make_model()
+    state_dict() at the end; ``dtype``: the model's and the data's."""
+    x, y = make_data(dtype=dtype)
+    model = make_model(dtype=dtype)
     optimizer = make_optimizer(kind, model.parameters())
     plan = schedule(passes, base_lr=optimizer.param_groups[0]["lr"])
     for step in range(steps):

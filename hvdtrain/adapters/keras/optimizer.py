@@ -62,8 +62,9 @@ def DistributedOptimizer(
             continue a saved model use :func:`hvdtrain.adapters.keras.load_model`).
         name: the optimizer's name (Horovod's argument; default: the original's).
         device_dense, device_sparse: accepted for Horovod's signature; unused.
-        compression: None, "fp16", or "bf16" (bfloat16 through one allgather, since
-            Horovod has no bfloat16 reduction; fewer bytes than float32 up to 3 workers);
+        compression: None, "fp16", or "bf16" (bfloat16, reduced by Horovod's allreduce
+            with hvdtrain's patch 0011-bfloat16; without it, through one allgather, which
+            carries fewer bytes than float32 only up to 3 workers);
             Horovod's ``hvk.Compression.none`` / ``.fp16`` mean None / "fp16".
         sparse_as_dense: accepted; sparse (embedding) gradients are always reduced as
             dense tensors here, which gives the same average.

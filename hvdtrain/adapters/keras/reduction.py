@@ -1,6 +1,7 @@
 """Gradient reduction on Keras 3 tensors, with its checks: the average (or sum) of
 every worker's gradients in one collective (a flat buffer with its tally on
-TensorFlow's CPU, a grouped allreduce, or a bfloat16 allgather), the count of the
+TensorFlow's CPU, a grouped allreduce, or, on a Horovod without hvdtrain's bfloat16
+patch, a bfloat16 allgather), the count of the
 workers that contributed (for ``join``), and the checks that the result is finite.
 
 Written with ``keras.ops``, so it serves Keras on the TensorFlow backend (in graph or
@@ -25,6 +26,7 @@ from hvdtrain.gradients import (
     finite_bound_limit,
     joined_rescale,
     some_ranks_joined,
+    wire_format,
 )
 from hvdtrain.nonfinite import SKIP_REMEDY, NonFiniteGradientError, nonfinite_gradient_message
 
@@ -50,13 +52,15 @@ def average_gradients(grads: Sequence[Any], compression: str | None, op: Any, *,
     Without compression, float32 or float64 gradients (all of one dtype) on
     TensorFlow's CPU travel in one flat buffer (:mod:`hvdtrain.adapters.keras.tally`,
     when its ops are built); other gradients, and "fp16", use one Horovod grouped
-    allreduce. "bf16" concatenates the gradients into one buffer, sends it as bfloat16
-    through one allgather (Horovod 0.28.1 has no bfloat16 reduction) and adds the ranks'
-    values in rank order. ``prescale`` multiplies each rank's gradients before the
-    reduction and ``postscale`` the result (Horovod's factors); ``process_set`` limits
-    the reduction to its ranks (None: every rank).
+    allreduce; "bf16" too, its gradients cast to bfloat16 (:class:`BFloat16Codec`), on a
+    Horovod with hvdtrain's patch 0011-bfloat16. Without it (Horovod 0.28.1 has no
+    bfloat16 reduction), "bf16" concatenates the gradients into one buffer, sends it as
+    bfloat16 through one allgather and adds the ranks' values in rank order.
+    ``prescale`` multiplies each rank's gradients before the reduction and ``postscale``
+    the result (Horovod's factors); ``process_set`` limits the reduction to its ranks
+    (None: every rank).
 
-    An average (without "bf16") sends a 1 with the gradients, which counts the ranks that
+    An average (but through the allgather) sends a 1 with the gradients, which counts the ranks that
     sent gradients: a rank that has called Horovod's ``join()`` sends zeros, and the
     average is then taken over the others only, as one process on their batches would.
 
@@ -79,7 +83,7 @@ def average_gradients(grads: Sequence[Any], compression: str | None, op: Any, *,
     average = op == hvd.Average
     # What one rank's 1 (and each gradient element) becomes in the reduction.
     unit = prescale * postscale / (ranks if average else 1)
-    if compression == "bf16":
+    if compression == "bf16" and not wire_format("bf16").reduced_natively:
         if prescale != 1.0:
             tensors = [t * prescale for t in tensors]
         reduced = _bf16_reduce(tensors, average, workers)
@@ -91,7 +95,8 @@ def average_gradients(grads: Sequence[Any], compression: str | None, op: Any, *,
     else:
         if average:  # a 1 from each rank that sent gradients
             tensors.append(ops.ones((), dtype=tensors[0].dtype))
-        codec = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
+        codec = {"fp16": hvd.Compression.fp16, "bf16": BFloat16Codec}.get(
+            compression, hvd.Compression.none)
         reduced = hvd.grouped_allreduce(tensors, op=op, compression=codec,
                                         prescale_factor=prescale, postscale_factor=postscale,
                                         name="hvdtrain.gradients", **within, **UNSCOPED)
@@ -249,9 +254,30 @@ def dense(gradient: Any) -> Any:
     return ops.convert_to_tensor(gradient)
 
 
+class BFloat16Codec:
+    """Horovod's compressor interface, on either Keras backend, for bfloat16 on the
+    wire: floating-point tensors travel as bfloat16 (reduced natively by a Horovod with
+    hvdtrain's patch 0011-bfloat16) and come back in their own dtype."""
+
+    @staticmethod
+    def compress(tensor: Any) -> tuple[Any, Any]:
+        """``tensor`` as bfloat16 (when it is floating point), and its dtype."""
+        dtype = keras.backend.standardize_dtype(tensor.dtype)
+        if "float" in dtype and dtype != "bfloat16":
+            return ops.cast(tensor, "bfloat16"), dtype
+        return tensor, dtype
+
+    @staticmethod
+    def decompress(tensor: Any, dtype: Any) -> Any:
+        """``tensor`` back in ``dtype``, the dtype :meth:`compress` was given."""
+        return tensor if keras.backend.standardize_dtype(tensor.dtype) == dtype \
+            else ops.cast(tensor, dtype)
+
+
 def _bf16_reduce(tensors: list[Any], average: bool, workers: TensorCollective) -> list[Any]:
     """The sum (or average) of ``tensors`` over the workers with bfloat16 on the wire:
-    through an allgather (Horovod 0.28.1 reduces no bfloat16), added in rank order."""
+    through an allgather (a Horovod without hvdtrain's bfloat16 patch reduces no
+    bfloat16), added in rank order."""
     dtype = tensors[0].dtype
     flat = ops.concatenate([ops.reshape(ops.cast(t, "float32"), [-1]) for t in tensors])
     bits = _bitcast(ops.cast(flat, "bfloat16"), "int16")

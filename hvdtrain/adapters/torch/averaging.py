@@ -23,7 +23,7 @@ from hvdtrain import watchdog
 # synchronize(); distributed_class builds on them.
 from hvdtrain.adapters.torch._horovod import HorovodOptimizer as _HorovodOptimizer
 from hvdtrain.adapters.torch._horovod import observers_for, tensors
-from hvdtrain.adapters.torch.compression import HOROVOD_COMPRESSION, bf16_allreduce_async
+from hvdtrain.adapters.torch.compression import bf16_allreduce_async, horovod_compression
 from hvdtrain.adapters.torch.tally import flat_with_tally, read_tally
 from hvdtrain.gradients import (
     NonFinitePolicy,
@@ -60,7 +60,7 @@ class CheckedAveraging:
                  shard_gradients: bool = False) -> None:
         self.overlap = overlap  # read by _make_hook, which Horovod's __init__ calls
         _HorovodOptimizer.__init__(self, optimizer.param_groups, named_parameters,
-                                   HOROVOD_COMPRESSION[compression], backward_passes_per_step,
+                                   horovod_compression(compression), backward_passes_per_step,
                                    op, gradient_predivide_factor, groups, sparse_as_dense,
                                    process_set)
         self.defaults = optimizer.defaults  # Horovod rebuilds with the class's defaults
@@ -231,7 +231,7 @@ class CheckedAveraging:
 
     def _sends_flat(self) -> bool:
         """Whether this step's gradients go in one flat allreduce per dtype (no overlap, a
-        group of workers, dense gradients, no bf16) rather than through Horovod's
+        group of workers, dense gradients, a format Horovod reduces) rather than through Horovod's
         per-tensor synchronize."""
         return (not self.overlap and self._wire.reduced_natively and bool(self._requires_update)
                 and not any(p.grad is not None and p.grad.is_sparse

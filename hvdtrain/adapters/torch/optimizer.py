@@ -15,12 +15,17 @@ import torch
 from horovod.torch import Adasum, Average, ProcessSet, Sum, global_process_set
 
 from hvdtrain.adapters.torch._horovod import collective
-from hvdtrain.adapters.torch.compression import HOROVOD_COMPRESSION, compression_name
+from hvdtrain.adapters.torch.compression import (
+    compression_name,
+    horovod_compression,
+    require_bfloat16_reduction,
+)
 from hvdtrain.adapters.torch.consistency import check_start_agreement, named_parameters_of
 from hvdtrain.adapters.torch.layers import distributed_class
 from hvdtrain.adapters.torch.sharding import require_elementwise
 from hvdtrain.collective import require_initialized
 from hvdtrain.consistency import software_versions
+from hvdtrain.gradients import wire_format
 from hvdtrain.nonfinite import NonFiniteGradientError
 from hvdtrain.runtime import elastic_job
 from hvdtrain.validation import (
@@ -66,9 +71,11 @@ def DistributedOptimizer(
         named_parameters: ``model.named_parameters()``; names the allreduces and the
             parameters in error messages.
         compression: None, "fp16" (Horovod's fp16 allreduce) or "bf16" (bfloat16 on the
-            wire through Horovod's allgather, since Horovod has no bfloat16 reduction;
-            it carries fewer bytes than a float32 allreduce only up to 3 workers).
-            Horovod's ``Compression.none``/``Compression.fp16`` are accepted too.
+            wire, reduced by Horovod's allreduce with hvdtrain's patch 0011-bfloat16;
+            on a Horovod without it, through Horovod's allgather, which carries fewer
+            bytes than a float32 allreduce only up to 3 workers). Horovod's
+            ``Compression.none``/``Compression.fp16`` are accepted too. Parameters that
+            are bfloat16 themselves need the patch, and travel as they are.
         backward_passes_per_step: micro-batches accumulated per step. As in Horovod,
             their gradients are summed (autograd's accumulation) and the sum averaged
             over the workers, so the script divides its loss by N, as Horovod's
@@ -94,12 +101,14 @@ def DistributedOptimizer(
             the parameters live on an accelerator and groups otherwise: on the CPU the
             allreduce needs the very cores the backward pass is using, so starting it
             early only interleaves the two and adds a synchronisation with the other
-            ranks per tensor (benchmarks/README.md, measures both). ``groups`` and
-            ``compression="bf16"`` imply per-tensor allreduces. After a rank called
+            ranks per tensor (benchmarks/README.md, measures both). ``groups`` (and
+            ``compression="bf16"`` without the bfloat16 patch) imply per-tensor
+            allreduces. After a rank called
             ``join()`` the average is over the ranks that sent gradients, on both paths
             (Horovod's per-tensor average divides by every rank; here a count of the
             ranks travels with the first gradients), except for sparse gradients
-            without ``sparse_as_dense`` and bf16, which are not rescaled.
+            without ``sparse_as_dense`` and bf16 through the allgather, which are not
+            rescaled.
         gradient_predivide_factor: Horovod's: with ``op=Average``, each rank divides its
             gradient by this factor before the sum and the sum is multiplied by
             factor / size after it (same mean, other rounding).
@@ -158,9 +167,14 @@ def DistributedOptimizer(
                      "True (the mean over micro-batches) or False (their sum, Horovod's)")
     if op not in (Average, Sum, Adasum):
         raise ValueError("op must be hvt.Average, hvt.Sum or hvt.Adasum")
-    if compression == "bf16" and groups is not None:
-        raise ValueError("compression='bf16' cannot be combined with groups: Horovod's grouped "
-                         "allreduce has no bfloat16 path; drop one of them")
+    bf16_gathered = compression == "bf16" and not wire_format("bf16").reduced_natively
+    if bf16_gathered and groups is not None:
+        raise ValueError("compression='bf16' cannot be combined with groups on a Horovod "
+                         "without hvdtrain's patch 0011-bfloat16 (its grouped allreduce has "
+                         "no bfloat16 path); drop one of them, or build the patched Horovod "
+                         "with `scripts/build-horovod.sh --install`")
+    if any(p.dtype == torch.bfloat16 for _, p in named):
+        require_bfloat16_reduction("A DistributedOptimizer over bfloat16 parameters")
     if op == Adasum and (backward_passes_per_step > 1 or skip_nonfinite
                          or compression == "bf16"):
         raise ValueError("op=Adasum is passed straight to Horovod's Adasum optimizer; it does "
@@ -180,10 +194,11 @@ def DistributedOptimizer(
                      "True (each worker keeps a slice of the optimizer state) or False")
     require_instance("shard_gradients", shard_gradients, bool,
                      "True (each worker reduces and keeps a slice of the gradients) or False")
-    if shard_gradients and (overlap or groups is not None or compression == "bf16"):
+    if shard_gradients and (overlap or groups is not None or bf16_gathered):
         raise ValueError("shard_gradients=True reduce-scatters the gradients after "
-                         "backward(), so it cannot go with overlap=True, groups or "
-                         "compression='bf16', which average them during it; drop one of them")
+                         "backward(), so it cannot go with overlap=True, groups or (on a "
+                         "Horovod without hvdtrain's patch 0011-bfloat16) compression='bf16', "
+                         "which average them during it; drop one of them")
     if shard_state or shard_gradients:
         _require_shardable(optimizer, op=op)
     if num_groups:
@@ -192,7 +207,7 @@ def DistributedOptimizer(
         groups = num_groups if groups is None else groups
 
     if overlap is None:
-        overlap = not shard_gradients and (groups is not None or compression == "bf16" or any(
+        overlap = not shard_gradients and (groups is not None or bf16_gathered or any(
             p.device.type != "cpu" for _, p in named))
     # A rank outside the process set trains on its own gradients (Horovod's meaning), so
     # it has no one to agree with. In an elastic job a worker that joins later builds its
@@ -215,7 +230,7 @@ def DistributedOptimizer(
         })
     if op == Adasum:
         return _hvd.DistributedOptimizer(optimizer, named,
-                                         compression=HOROVOD_COMPRESSION[compression], op=Adasum,
+                                         compression=horovod_compression(compression), op=Adasum,
                                          process_set=process_set)
     return distributed_class(type(optimizer), shard_state, shard_gradients)(
         optimizer, named, compression=compression,
