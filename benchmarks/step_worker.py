@@ -1,13 +1,15 @@
 """Step times of hvdtrain's PyTorch optimizer on every rank of a horovodrun job (or one
 process without a launcher), and where each step's time goes:
-``python step_worker.py MODEL[,MODEL...] STEPS [auto|overlap|grouped|buckets]``.
+``python step_worker.py MODEL[,MODEL...] STEPS [auto|overlap|grouped|buckets]
+[none|fp16|bf16]``.
 
 For each model (benchmarks/models.py), after 5 warm-up steps, times STEPS steps of SGD
 with momentum. The optional third argument is how the allreduces are issued (auto:
 hvdtrain's default; overlap: one per tensor, started during backward, Horovod's way;
 grouped: one grouped allreduce after backward; buckets: two groups started during
 backward, DDP's way: the parameters backward reaches first, up to half the gradient
-bytes, then the rest). With more than one worker, the allreduce of one buffer as large
+bytes, then the rest). The optional fourth is the optimizer's ``compression`` (none:
+the gradients' own dtype). With more than one worker, the allreduce of one buffer as large
 as all the gradients is also timed on its own, the ranks otherwise idle (what the step
 would add with no overlap). Rank 0 prints ``RESULT {json}``:
 per model, the median step time and samples per second over all workers, and the
@@ -31,6 +33,7 @@ import hvdtrain.adapters.torch as hvt
 WARMUP_STEPS = 5
 OVERLAP = {"auto": None, "overlap": True, "grouped": False, "buckets": True}
 ALONE_REPEATS = 20
+COMPRESSIONS = {"none": None, "fp16": "fp16", "bf16": "bf16"}
 
 
 def two_buckets(model: torch.nn.Module) -> list[list[torch.Tensor]]:
@@ -55,11 +58,12 @@ def allreduce_alone_s(numel: int) -> float:
     return statistics.median(times)
 
 
-def measure(name: str, steps: int, mode: str) -> dict:
+def measure(name: str, steps: int, mode: str, compression: str | None = None) -> dict:
     model = make_model(name)
     optimizer = hvt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01,
                                                          momentum=0.9),
                                          model.named_parameters(), overlap=OVERLAP[mode],
+                                         compression=compression,
                                          groups=two_buckets(model) if mode == "buckets"
                                          else None)
     x, y = make_batch(name, hvt.rank())
@@ -97,9 +101,12 @@ def main() -> None:
     mode = sys.argv[3] if len(sys.argv) > 3 else "auto"
     if mode not in OVERLAP:
         raise SystemExit(f"unknown mode {mode!r}; choose from {', '.join(OVERLAP)}")
+    wire = sys.argv[4] if len(sys.argv) > 4 else "none"
+    if wire not in COMPRESSIONS:
+        raise SystemExit(f"unknown compression {wire!r}; choose from {', '.join(COMPRESSIONS)}")
     torch.set_num_threads(1)
     hvt.init()
-    results = {name: measure(name, steps, mode) for name in names}
+    results = {name: measure(name, steps, mode, COMPRESSIONS[wire]) for name in names}
     if hvt.rank() == 0:
         print("RESULT " + json.dumps({"workers": hvt.size(), "models": results}), flush=True)
 

@@ -201,6 +201,14 @@ WIRE_FORMATS: dict[str | None, WireFormat] = {
 """Every ``compression`` hvdtrain accepts, by name."""
 
 
+def require_bfloat16_reduction(what: str) -> None:
+    """Raise RuntimeError, saying how to get it, when the installed Horovod cannot reduce
+    bfloat16 (it lacks hvdtrain's patch 0011-bfloat16) and ``what`` needs it to."""
+    if not WIRE_FORMATS["bf16"].reduced_natively:
+        raise RuntimeError(horovod_patches.missing_patch_message(
+            what, horovod_patches.BFLOAT16, "Horovod 0.28.1 has no bfloat16 reduction"))
+
+
 def wire_format(name: object) -> WireFormat:
     """The wire format called ``name``; ValueError naming the choices for anything else."""
     try:

@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 import torch
 from harness import Run, launch, max_difference
-from workers.keras_common import reference_fit
-from workers.torch_common import JOIN_STEPS, reference_run, uneven_reference_run
+from workers.keras_common import make_model as make_keras_model
+from workers.keras_common import reference_fit, use_floatx
+from workers.torch_common import JOIN_STEPS, make_model, reference_run, uneven_reference_run
 
 from hvdtrain import horovod_patches, runtime
 from hvdtrain.jobs.launch import CONTROLLERS
@@ -32,8 +33,9 @@ REPO = Path(__file__).parents[1]
 FLOAT64_TOLERANCE = 1e-10
 NOTICE = "hvdtrain: this Horovod was built without hvdtrain's patches"
 TORCH_SCENARIOS = ("runtime_defaults", "sgd", "adam_accumulate", "sgd_overlap", "join_uneven",
-                   "skip_nonfinite")
-KERAS_SCENARIOS = ("sgd", "join_uneven", "join_twice")
+                   "skip_nonfinite", "sgd_float32", "sgd_bf16", "sgd_bfloat16")
+KERAS_SCENARIOS = ("sgd", "join_uneven", "join_twice", "sgd_float32", "sgd_bf16", "sgd_bfloat16")
+BF16_UNIT = 2.0**-8
 
 
 def stock_wheel() -> Path | None:
@@ -165,6 +167,43 @@ def test_tensorflow_join_is_refused_with_the_reason_and_the_fix(stock_keras_run,
         assert "the job would hang" in message
         assert horovod_patches.BUILD_COMMAND in message
     assert stock_keras_run.result.ok, stock_keras_run.result.report()[-4000:]
+
+
+def test_bf16_compression_goes_through_the_allgather_on_stock_horovod(stock_torch_run,
+                                                                      stock_keras_run):
+    """Without patch 0011, compression="bf16" sends bfloat16 through Horovod's allgather
+    (per tensor on torch, so its optimizer overlaps) and stays within 2u of the distance
+    the float32 run travelled, as the native path does (measured: 0.47u and 0.41u)."""
+    assert stock_torch_run.report("sgd_bf16")["overlap"] is True
+    exact = _parameters(stock_torch_run, "sgd_float32", 0)
+    initial = {k: v.detach() for k, v in make_model(dtype=torch.float32).named_parameters()}
+    travelled = _torch_difference(exact, initial)
+    for rank in (0, 1):
+        difference = _torch_difference(_parameters(stock_torch_run, "sgd_bf16", rank), exact)
+        assert 0 < difference <= 2 * BF16_UNIT * travelled
+    exact = stock_keras_run.arrays("sgd_float32")
+    use_floatx("float32")
+    travelled = max_difference(exact, make_keras_model().get_weights())
+    difference = max_difference(stock_keras_run.arrays("sgd_bf16"), exact)
+    assert 0 < difference <= 2 * BF16_UNIT * travelled
+
+
+@pytest.mark.parametrize(("framework", "what"), [
+    ("torch", "A DistributedOptimizer over bfloat16 parameters needs"),
+    ("keras", "Averaging bfloat16 gradients (of bfloat16 variables) needs"),
+])
+def test_bfloat16_parameters_are_refused_naming_patch_0011(stock_torch_run, stock_keras_run,
+                                                           framework, what):
+    """Horovod 0.28.1 cannot reduce bfloat16: hvdtrain says so on every rank, naming the
+    patch and the build command, instead of Horovod's "Invalid tensor type"."""
+    run = stock_torch_run if framework == "torch" else stock_keras_run
+    failures = run.failures.get("sgd_bfloat16", {})
+    assert set(failures) == {0, 1}, run.result.report()[-4000:]
+    for trace in failures.values():
+        message = trace.strip().splitlines()[-1]
+        assert message.startswith(f"RuntimeError: {what} hvdtrain's Horovod patch "
+                                  f"{horovod_patches.BFLOAT16}"), message
+        assert horovod_patches.BUILD_COMMAND in message
 
 
 def test_doctor_lists_every_patch_as_missing(stock_env):

@@ -20,7 +20,7 @@ ETA = {"sgd": 0.05, "adam": 0.01}
 
 
 def use_floatx(name: str) -> None:
-    """Make new layers compute in ``name`` (a dtype or "mixed_float16").
+    """Make new layers compute in ``name`` (a dtype, "mixed_float16" or "mixed_bfloat16").
 
     Setting floatx alone is not enough: the first layer made fixes Keras's global dtype
     policy at the floatx of the moment, and later floatx changes do not move it.
@@ -90,9 +90,10 @@ class _ReferenceRate(keras.callbacks.Callback):
         self.step += 1
 
 
-def reference_fit(kind: str, passes: int = 1) -> list[np.ndarray]:
-    """One process fitting the concatenated data with the global batch."""
-    use_floatx("float64")
+def reference_fit(kind: str, passes: int = 1, floatx: str = "float64") -> list[np.ndarray]:
+    """One process fitting the concatenated data with the global batch, computing in
+    ``floatx`` (a dtype or a mixed policy)."""
+    use_floatx(floatx)
     x, y = make_data(passes)
     model = make_model()
     model.compile(optimizer=make_optimizer(kind), loss=loss(), jit_compile=False)

@@ -25,6 +25,7 @@ from hvdtrain.gradients import (
     any_rank,
     finite_bound_limit,
     joined_rescale,
+    require_bfloat16_reduction,
     some_ranks_joined,
     wire_format,
 )
@@ -93,6 +94,8 @@ def average_gradients(grads: Sequence[Any], compression: str | None, op: Any, *,
         return _placed(grads, present, _flat_reduce(
             tensors, average, prescale, postscale, unit, workers, check_step, remedy, named))
     else:
+        if any(keras.backend.standardize_dtype(t.dtype) == "bfloat16" for t in tensors):
+            require_bfloat16_reduction("Averaging bfloat16 gradients (of bfloat16 variables)")
         if average:  # a 1 from each rank that sent gradients
             tensors.append(ops.ones((), dtype=tensors[0].dtype))
         codec = {"fp16": hvd.Compression.fp16, "bf16": BFloat16Codec}.get(

@@ -11,7 +11,6 @@ from horovod.torch import Compression
 
 from hvdtrain.collective import ReduceOp, TensorCollective
 from hvdtrain.gradients import wire_format
-from hvdtrain.horovod_patches import BFLOAT16, missing_patch_message
 from hvdtrain.validation import require_compression
 
 
@@ -64,14 +63,6 @@ def bf16_allreduce_async(gradient: torch.Tensor, name: str, op: ReduceOp,
         return total.view_as(gradient)
 
     return reduced
-
-
-def require_bfloat16_reduction(what: str) -> None:
-    """Raise, saying how to get it, when the installed Horovod cannot reduce bfloat16
-    (it lacks hvdtrain's patch 0011-bfloat16) and ``what`` needs it to."""
-    if not wire_format("bf16").reduced_natively:
-        raise RuntimeError(missing_patch_message(
-            what, BFLOAT16, "Horovod 0.28.1 has no bfloat16 reduction"))
 
 
 def compression_name(compression: Any) -> str | None:

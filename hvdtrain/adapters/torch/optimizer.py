@@ -15,17 +15,13 @@ import torch
 from horovod.torch import Adasum, Average, ProcessSet, Sum, global_process_set
 
 from hvdtrain.adapters.torch._horovod import collective
-from hvdtrain.adapters.torch.compression import (
-    compression_name,
-    horovod_compression,
-    require_bfloat16_reduction,
-)
+from hvdtrain.adapters.torch.compression import compression_name, horovod_compression
 from hvdtrain.adapters.torch.consistency import check_start_agreement, named_parameters_of
 from hvdtrain.adapters.torch.layers import distributed_class
 from hvdtrain.adapters.torch.sharding import require_elementwise
 from hvdtrain.collective import require_initialized
 from hvdtrain.consistency import software_versions
-from hvdtrain.gradients import wire_format
+from hvdtrain.gradients import require_bfloat16_reduction, wire_format
 from hvdtrain.nonfinite import NonFiniteGradientError
 from hvdtrain.runtime import elastic_job
 from hvdtrain.validation import (
