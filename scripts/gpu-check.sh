@@ -28,8 +28,8 @@ RUN_LIMIT_S=150
 CHECKS=(
     "build with NCCL"
     "build with host staging"
-    "NCCL, 1 rank: equivalence (flat and per-tensor), NaN check"
-    "host-staged Gloo, 2 ranks: equivalence (flat and per-tensor), NaN check, join"
+    "NCCL, 1 rank: equivalence (flat and per-tensor), NaN check, bfloat16 allreduce"
+    "host-staged Gloo, 2 ranks: equivalence (flat and per-tensor), NaN check, bfloat16 allreduce, join"
     "NCCL, 2 ranks on one GPU"
     "DDP comparison"
 )

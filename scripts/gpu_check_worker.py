@@ -8,7 +8,10 @@ MODE``. Rank 0 prints one ``gpu-check: PASS|FAIL NAME: detail`` line per check.
   (tests/workers/torch_common.py, the same reference the CPU tests use); a NaN in one
   rank's loss raises NonFiniteGradientError on every rank; with 2 ranks and uneven
   shares, ``join()`` divides by the ranks that sent gradients, as one process on the
-  remaining batches would. Without a GPU the same checks run on the CPU (the dry run
+  remaining batches would; bfloat16 (Horovod patch 0011: NCCL's ncclBfloat16 and the
+  CUDA scaling kernels) allreduces a sum, an average, a pre- and post-scaled sum and a
+  grouped (fused) average within (N - 1 + roundings) x 2**-8 of the exact sums.
+  Without a GPU the same checks run on the CPU (the dry run
   of gpu-check.sh rehearses them so).
 - ``speed`` (horovodrun or torchrun, 2 ranks on one GPU): the median step time of
   benchmarks/models.py's convdense model on CUDA with hvdtrain's optimizer (under
@@ -135,6 +138,43 @@ def check_join(hvt, label: str) -> None:
                 f"{difference:.1e} from one process on the remaining batches")
 
 
+def check_bfloat16(hvt, label: str) -> None:
+    """Horovod's bfloat16 allreduce on DEVICE against the exact (float64) sum of every
+    rank's tensor, within patch 0011's bound: each of the N - 1 additions and each
+    scaling rounds once, by at most 2**-8 of the magnitudes summed."""
+    size = hvt.size()
+
+    def tensor_of(rank: int, numel: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(31 * rank + numel)
+        return torch.randn(numel, generator=generator, dtype=torch.float64)
+
+    def ratio(result: torch.Tensor, numel: int, scale: float, roundings: int) -> float:
+        every = [tensor_of(r, numel).to(torch.bfloat16).double() for r in range(size)]
+        exact = sum(every) * scale
+        allowed = roundings * 2.0**-8 * sum(t.abs() for t in every) * abs(scale) + 1e-38
+        return float(((result.detach().cpu().double() - exact).abs() / allowed).max())
+
+    def mine(numel: int) -> torch.Tensor:
+        return tensor_of(hvt.rank(), numel).to(torch.bfloat16).to(DEVICE)
+
+    worst = {
+        "sum": ratio(hvt.allreduce(mine(1001), name="gpu.bf16.sum", op=hvt.Sum), 1001, 1.0,
+                     size - 1),
+        "average": ratio(hvt.allreduce(mine(1 << 20), name="gpu.bf16.avg", op=hvt.Average),
+                         1 << 20, 1.0 / size, size),
+        "scaled": ratio(hvt.allreduce(mine(4097), name="gpu.bf16.scaled", op=hvt.Sum,
+                                      prescale_factor=0.5, postscale_factor=3.0), 4097, 1.5,
+                        size + 1),
+        "grouped": max(ratio(result, numel, 1.0 / size, size) for result, numel in zip(
+            hvt.grouped_allreduce([mine(n) for n in (7, 300, 65_537)], name="gpu.bf16.group",
+                                  op=hvt.Average), (7, 300, 65_537), strict=True)),
+    }
+    if hvt.rank() == 0:
+        verdict(f"{label} bfloat16 allreduce", max(worst.values()) <= 1.0,
+                "error / patch 0011's bound: " + ", ".join(
+                    f"{case} {value:.2f}" for case, value in worst.items()) + " (at most 1)")
+
+
 def correctness() -> None:
     import horovod.torch as hvd
 
@@ -149,6 +189,7 @@ def correctness() -> None:
     label = f"{transport}, {hvt.size()} rank(s)"
     check_equivalence(hvt, label)
     check_nonfinite(hvt, label)
+    check_bfloat16(hvt, label)
     if hvt.size() == 2:
         check_join(hvt, label)
 

@@ -13,7 +13,8 @@ pytestmark = pytest.mark.timeout(240)
 ROOT = Path(__file__).parents[1]
 CHECKS = ["build with NCCL", "build with host staging", "NCCL, 1 rank", "host-staged Gloo, 2 ranks",
           "NCCL, 2 ranks on one GPU", "DDP comparison"]
-REHEARSED = ["equivalence, flat allreduce", "equivalence, per-tensor hooks", "NaN check", "join"]
+REHEARSED = ["equivalence, flat allreduce", "equivalence, per-tensor hooks", "NaN check",
+             "bfloat16 allreduce", "join"]
 
 
 def test_the_dry_run_skips_the_gpu_steps_saying_why_and_rehearses_the_checks(tmp_path):
