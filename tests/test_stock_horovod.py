@@ -133,7 +133,8 @@ def test_torch_join_and_the_nonfinite_check_work_on_stock_horovod(stock_torch_ru
 
 
 def test_the_missing_patches_are_announced_once_in_one_line(stock_torch_run):
-    stock_torch_run.require_clean()
+    # sgd_bfloat16 is refused there (test_bfloat16_parameters_are_refused_naming_patch_0011)
+    stock_torch_run.require_clean(expected_failures=("sgd_bfloat16",))
     lines = [line for rank in stock_torch_run.result.ranks for line in rank.output.splitlines()
              if NOTICE in line]
     assert len(lines) == 1, lines

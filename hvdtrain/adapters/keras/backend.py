@@ -123,3 +123,14 @@ def accelerator_visible() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def bitcast16(tensor: Any, dtype: str) -> Any:
+    """Reinterpret 16-bit values (bfloat16 <-> int16) without changing their bits."""
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.bitcast(tensor, getattr(tf, dtype))
+    import torch
+
+    return tensor.view(getattr(torch, dtype))

@@ -18,7 +18,7 @@ from keras import ops
 
 from hvdtrain import horovod_patches, step_timing, watchdog
 from hvdtrain.adapters.keras import step_events
-from hvdtrain.adapters.keras.backend import UNSCOPED, collective, horovod
+from hvdtrain.adapters.keras.backend import UNSCOPED, bitcast16, collective, horovod
 from hvdtrain.replicas import checksums, verify_checksums
 from hvdtrain.validation import require_root_rank
 
@@ -54,8 +54,9 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int = 0) -> None:
     """Assign ``root_rank``'s value to each variable on every rank, eagerly.
 
     One Horovod broadcast per dtype: the variables of a dtype are concatenated,
-    broadcast and split back. (``horovod.tensorflow.broadcast_variables`` fails on
-    Keras 3 variables.)
+    broadcast and split back; bfloat16 ones travel as their bits (int16), which every
+    Horovod broadcasts. (``horovod.tensorflow.broadcast_variables`` fails on Keras 3
+    variables.)
     """
     hvd = horovod()
     require_root_rank(root_rank, hvd.size())
@@ -64,9 +65,12 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int = 0) -> None:
         by_dtype.setdefault(str(variable.dtype), []).append(variable)
     for dtype, group in sorted(by_dtype.items()):
         flat = ops.concatenate([ops.reshape(ops.convert_to_tensor(v), [-1]) for v in group])
+        bits = dtype == "bfloat16"
         with watchdog.guard(f"the broadcast of the {dtype} variables from rank {root_rank}"):
-            received = hvd.broadcast(flat, root_rank, name=f"hvdtrain.broadcast.{dtype}",
-                                     **UNSCOPED)
+            received = hvd.broadcast(bitcast16(flat, "int16") if bits else flat, root_rank,
+                                     name=f"hvdtrain.broadcast.{dtype}", **UNSCOPED)
+        if bits:
+            received = bitcast16(received, "bfloat16")
         sizes = [int(np.prod(v.shape)) for v in group]
         pieces = ops.split(received, np.cumsum(sizes)[:-1].tolist()) if len(group) > 1 \
             else [received]

@@ -283,24 +283,13 @@ def _bf16_reduce(tensors: list[Any], average: bool, workers: TensorCollective) -
     bfloat16), added in rank order."""
     dtype = tensors[0].dtype
     flat = ops.concatenate([ops.reshape(ops.cast(t, "float32"), [-1]) for t in tensors])
-    bits = _bitcast(ops.cast(flat, "bfloat16"), "int16")
+    bits = backend.bitcast16(ops.cast(flat, "bfloat16"), "int16")
     gathered = workers.wait(workers.allgather(ops.reshape(bits, [1, -1]),
                                               "hvdtrain.gradients.bf16"))
-    values = ops.cast(_bitcast(gathered, "bfloat16"), "float32")
+    values = ops.cast(backend.bitcast16(gathered, "bfloat16"), "float32")
     total = ops.sum(values, axis=0)
     if average:
         total = total / ops.cast(ops.shape(values)[0], "float32")
     sizes = [int(np.prod(t.shape)) for t in tensors]
     pieces = ops.split(total, np.cumsum(sizes)[:-1].tolist()) if len(sizes) > 1 else [total]
     return [ops.cast(ops.reshape(p, t.shape), dtype) for p, t in zip(pieces, tensors, strict=True)]
-
-
-def _bitcast(tensor: Any, dtype: str) -> Any:
-    """Reinterpret 16-bit values (bfloat16 <-> int16) without changing their bits."""
-    if keras.backend.backend() == "tensorflow":
-        import tensorflow as tf
-
-        return tf.bitcast(tensor, getattr(tf, dtype))
-    import torch
-
-    return tensor.view(getattr(torch, dtype))
