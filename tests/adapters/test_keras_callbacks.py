@@ -25,7 +25,8 @@ from workers.keras_common import (
 FIT_CASES = [("sgd", "sgd", 1), ("adam", "adam", 1), ("sgd_accumulate", "sgd", 2)]
 
 
-@pytest.mark.parametrize("name", ["sgd", "adam", "sgd_accumulate", "sgd_bf16"])
+@pytest.mark.parametrize("name", ["sgd", "adam", "sgd_accumulate", "sgd_bf16",
+                                  "sgd_mixed_bfloat16", "sgd_bfloat16"])
 def test_replicas_identical_before_the_first_step_and_after_every_epoch(keras_run, name):
     rank0, rank1 = keras_run.both(name)
     assert rank0["first"] == rank1["first"]  # they were built from different seeds

@@ -3,7 +3,7 @@
 tensor, which it can build too.
 
 The expected sums are exact (float64 over the bfloat16 values); the error allowed is
-the patch's documented bound (docs/horovod-patches.md): each of the N - 1 additions of
+the patch's documented bound (docs/setup.md, patch 0011): each of the N - 1 additions of
 a reduction rounds its float32 sum once to bfloat16, so
 ``|result - exact| <= (N - 1) * 2**-8 * sum(|x_i|)``, and an average (or a prescale)
 rounds once more. On 2 ranks there is a single addition, so the result must equal,
