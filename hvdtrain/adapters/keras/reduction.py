@@ -1,8 +1,8 @@
 """Gradient reduction on Keras 3 tensors, with its checks: the average (or sum) of
 every worker's gradients in one collective (a flat buffer with its tally on
 TensorFlow's CPU, a grouped allreduce, or, on a Horovod without hvdtrain's bfloat16
-patch, a bfloat16 allgather), the count of the
-workers that contributed (for ``join``), and the checks that the result is finite.
+patch, a bfloat16 allgather), the count of the workers that contributed (for ``join``),
+and the checks that the result is finite.
 
 Written with ``keras.ops``, so it serves Keras on the TensorFlow backend (in graph or
 eager mode) and on the torch backend alike.
@@ -61,9 +61,10 @@ def average_gradients(grads: Sequence[Any], compression: str | None, op: Any, *,
     the result (Horovod's factors); ``process_set`` limits the reduction to its ranks
     (None: every rank).
 
-    An average (but through the allgather) sends a 1 with the gradients, which counts the ranks that
-    sent gradients: a rank that has called Horovod's ``join()`` sends zeros, and the
-    average is then taken over the others only, as one process on their batches would.
+    An average (except through the allgather) sends a 1 with the gradients, which
+    counts the ranks that sent gradients: a rank that has called Horovod's ``join()``
+    sends zeros, and the average is then taken over the others only, as one process on
+    their batches would.
 
     Args:
         check_step: when given (the optimizer step), stop training, as

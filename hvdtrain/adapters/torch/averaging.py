@@ -231,8 +231,8 @@ class CheckedAveraging:
 
     def _sends_flat(self) -> bool:
         """Whether this step's gradients go in one flat allreduce per dtype (no overlap, a
-        group of workers, dense gradients, a format Horovod reduces) rather than through Horovod's
-        per-tensor synchronize."""
+        group of workers, dense gradients, a format Horovod reduces) rather than through
+        Horovod's per-tensor synchronize."""
         return (not self.overlap and self._wire.reduced_natively and bool(self._requires_update)
                 and not any(p.grad is not None and p.grad.is_sparse
                             for p in self._requires_update))

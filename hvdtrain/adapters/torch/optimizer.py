@@ -99,8 +99,8 @@ def DistributedOptimizer(
             early only interleaves the two and adds a synchronisation with the other
             ranks per tensor (benchmarks/README.md, measures both). ``groups`` (and
             ``compression="bf16"`` without the bfloat16 patch) imply per-tensor
-            allreduces. After a rank called
-            ``join()`` the average is over the ranks that sent gradients, on both paths
+            allreduces. After a rank called ``join()`` the average is over the ranks
+            that sent gradients, on both paths
             (Horovod's per-tensor average divides by every rank; here a count of the
             ranks travels with the first gradients), except for sparse gradients
             without ``sparse_as_dense`` and bf16 through the allgather, which are not
