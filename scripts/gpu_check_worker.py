@@ -33,6 +33,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests" / "workers"), str(ROOT / "benchmarks")]
 
+from bfloat16 import bound_ratio  # noqa: E402
 from torch_common import (  # noqa: E402
     JOIN_STEPS,
     STEPS,
@@ -149,10 +150,8 @@ def check_bfloat16(hvt, label: str) -> None:
         return torch.randn(numel, generator=generator, dtype=torch.float64)
 
     def ratio(result: torch.Tensor, numel: int, scale: float, roundings: int) -> float:
-        every = [tensor_of(r, numel).to(torch.bfloat16).double() for r in range(size)]
-        exact = sum(every) * scale
-        allowed = roundings * 2.0**-8 * sum(t.abs() for t in every) * abs(scale) + 1e-38
-        return float(((result.detach().cpu().double() - exact).abs() / allowed).max())
+        every = [tensor_of(r, numel).to(torch.bfloat16) for r in range(size)]
+        return bound_ratio(result.detach().cpu(), every, scale, roundings)
 
     def mine(numel: int) -> torch.Tensor:
         return tensor_of(hvt.rank(), numel).to(torch.bfloat16).to(DEVICE)

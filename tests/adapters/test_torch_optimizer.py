@@ -76,11 +76,16 @@ def test_compression_stays_within_its_rounding(torch_run, name, unit):
     We allow 2u, covering the second rounding and the feedback of perturbed weights
     into later gradients; measured here: 0.78u (fp16) and 1.02u (bf16, reduced in
     bfloat16 by patch 0011: each rank's value and the sum are rounded)."""
-    exact = tensors(torch_run, "sgd_float32")
-    initial = dict(make_model(dtype=torch.float32).named_parameters())
-    travelled = max_difference(exact, {k: v.detach() for k, v in initial.items()})
+    exact, travelled = float32_run(torch_run)
     difference = max_difference(tensors(torch_run, name), exact)
     assert 0 < difference <= 2 * unit * travelled
+
+
+def float32_run(run) -> tuple[dict[str, torch.Tensor], float]:
+    """The uncompressed float32 run's weights, and the farthest any moved from the start."""
+    exact = tensors(run, "sgd_float32")
+    initial = {k: v.detach() for k, v in make_model(dtype=torch.float32).named_parameters()}
+    return exact, max_difference(exact, initial)
 
 
 @pytest.mark.parametrize("controller", CONTROLLERS)
@@ -95,9 +100,7 @@ def test_bf16_compression_on_four_ranks_stays_within_its_rounding(tmp_path, cont
     out.mkdir()
     run = Run(launch("torch_adapter.py", str(out), controller=controller, np=4,
                      env={"HVDTRAIN_TEST_SCENARIOS": "sgd_bf16,sgd_float32"}), out)
-    exact = tensors(run, "sgd_float32")
-    initial = {k: v.detach() for k, v in make_model(dtype=torch.float32).named_parameters()}
-    travelled = max_difference(exact, initial)
+    exact, travelled = float32_run(run)
     for rank in range(4):
         assert run.report("sgd_bf16", rank)["checksums"] == run.report("sgd_bf16", 0)["checksums"]
         difference = max_difference(tensors(run, "sgd_bf16", rank), exact)

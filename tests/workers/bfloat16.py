@@ -16,6 +16,7 @@ to its bound (at most 1 passes) and, where the result must be exact, whether it 
 import json
 
 import torch
+from reducescatter import my_rows
 
 import hvdtrain.adapters.torch as hvt
 
@@ -52,12 +53,6 @@ def own_float32_sum(tensors: list[torch.Tensor]) -> torch.Tensor:
     """The sum of two ranks' tensors as one float32 addition rounded to bfloat16."""
     first, second = (t.to(torch.float32) for t in tensors)
     return (first + second).to(torch.bfloat16)
-
-
-def my_rows(rows: int, rank: int, size: int) -> slice:
-    base, extra = divmod(rows, size)
-    start = rank * base + min(rank, extra)
-    return slice(start, start + base + (1 if rank < extra else 0))
 
 
 def main() -> None:
