@@ -6,8 +6,9 @@ against the closed-form schedule and the data set.
 The workers (tests/workers/torch_elastic_train.py, keras_elastic_train.py) train on
 the same numbered samples with the same settings, below; ``shrink`` kills rank 2 of 3
 at step 14 (two steps after a commit), ``lose-rank-0`` kills rank 0 there instead,
-``below-min`` kills rank 2 in a job that may not go on with fewer than 3, and ``grow``
-adds a third host after step 8. Every launch checks that no worker outlives its job.
+``below-min`` kills rank 2 in a job that may not go on with fewer than 3, ``grow``
+adds a third host after step 8, and ``lose-two`` kills ranks 3 and 4 of 5 at step 10.
+Every launch checks that no worker outlives its job.
 """
 
 import json
@@ -249,6 +250,25 @@ def check_shrunk(reports: list, victim: int) -> float:
     assert {r["gloo_timeout"] for r in reports if r["scenario"] == "done"} == {
         ELASTIC_DEFAULTS["HOROVOD_GLOO_TIMEOUT_SECONDS"]}
     return after["time"] - killed[0]["time"]
+
+
+def check_lose_two(worker: str, tmp_path, *, check: Callable[[list], None] | None = None,
+                   **env: str) -> None:
+    """5 workers, ranks 3 and 4 killed together two thirds into the first epoch (step 10,
+    two steps after a commit): the others go on as 3 from the last commit, every sample
+    trained on, the rate following k = 3; ``check`` sees the reports too."""
+    hosts = [f"host-{letter}" for letter in "abcde"]
+    reports = elastic_job(tmp_path, worker, "lose-two", hosts, 3, 5, **env)
+    if check is not None:
+        check(reports)
+    facts = check_job(reports, first_size=5, final_size=3)
+    killed = [r for r in reports if r["scenario"] == "killed"]
+    assert sorted(r["rank"] for r in killed) == [3, 4]
+    assert {r["step"] for r in killed} == {10} and facts["change"] == 8
+    after = min((r for r in reports if r["scenario"] == "step" and r["size"] == 3),
+                key=lambda r: r["time"])
+    # k 5 -> 3 at 160 of 240 samples into a 2-epoch warmup: 0.05 + (3 x 0.05 - 0.05) / 3.
+    assert after["lr"] == pytest.approx(0.05 + 0.1 / 3, rel=1e-12)
 
 
 def check_below_min(worker: str, tmp_path, *, ssh: SshHosts | None = None,

@@ -184,13 +184,14 @@ def test_0006_elastic_workers_are_told_the_launchers_elastic_timeout(tmp_path):
 LIMITS = {"float32": 1e-5, "float16": 0.02}
 
 
-@pytest.mark.parametrize("np", [2, 3])
+@pytest.mark.parametrize("np", [2, 3, pytest.param(5, marks=pytest.mark.scale),
+                                pytest.param(8, marks=pytest.mark.scale)])
 @pytest.mark.parametrize("controller", CONTROLLERS)
 def test_0007_0008_reduce_scatter_sums_each_ranks_rows(controller, np):
     """Patches 0007 (Gloo) and 0008 (MPI, for buffers of 1 MiB and more; below, Open
     MPI's own) make Horovod's reduce-scatter a ring that reads one tensor in place and
-    writes its output directly (its speed: benchmarks/README.md, benchmark 7). On 2 and 3
-    ranks (the ring's running sums take a path of their own from 3), each rank gets the
+    writes its output directly (its speed: benchmarks/README.md, benchmark 7). On 2, 3, 5
+    and 8 ranks (the ring's running sums take a path of their own from 3), each rank gets the
     sum and the mean over the ranks' tensors of its rows, as computed by every rank on its
     own: uneven splits, fewer rows than ranks, integers, float16 (under MPI Horovod's own
     sum operation), the scaled (copy-in) and fused paths, each also above 1 MiB."""

@@ -16,6 +16,9 @@ schedule and the data set:
   shrink with ``shard_gradients=True``, ZeRO stage 2) and SGD with momentum, whose
   state each reset re-shards for the new number of workers; the final weights equal
   one process replaying the steps that stand.
+- lose-two: 5 workers (oversubscribed here, marked ``scale``), ranks 3 and 4 killed
+  together; the job goes on as 3, the same way, its ZeRO-2 state re-sharded from slices
+  of 1 to slices of 2, 2 and 1.
 - the step timing (1 s windows) before and after the shrink's reset.
 - below-min: 3 workers with ``--min-np 3``, one killed: the job ends non-zero within
   the elastic timeout plus 60 s and leaves no worker behind, whether the launcher stops
@@ -26,7 +29,13 @@ The same scenarios over real ssh are in tests/test_ssh_cluster.py.
 """
 
 import pytest
-from elastic_jobs import check_below_min, check_grow, check_replay, check_shrink
+from elastic_jobs import (
+    check_below_min,
+    check_grow,
+    check_lose_two,
+    check_replay,
+    check_shrink,
+)
 
 from hvdtrain.step_timing import METRICS_FILE_VARIABLE, REPORT_SECONDS_VARIABLE
 from hvdtrain.stragglers import read_records
@@ -46,6 +55,11 @@ def test_a_worker_added_joins_with_the_rule_for_the_new_number(tmp_path):
 def test_a_sharded_state_is_resharded_when_a_worker_is_lost(tmp_path):
     """With the gradients sharded too (stage 2; the grow below shards the state only)."""
     check_shrink(WORKER, tmp_path, check=check_replay, HVDTRAIN_TEST_SHARDED="gradients")
+
+
+@pytest.mark.scale
+def test_five_workers_losing_two_go_on_as_three_with_their_state_resharded(tmp_path):
+    check_lose_two(WORKER, tmp_path, check=check_replay, HVDTRAIN_TEST_SHARDED="gradients")
 
 
 def test_a_sharded_state_is_resharded_when_a_worker_joins(tmp_path):

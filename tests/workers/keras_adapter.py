@@ -86,7 +86,7 @@ class Recorder(keras.callbacks.Callback):
 
 def fit(name: str, kind: str, passes: int = 1, compression=None, floatx="float64") -> None:
     use_floatx(floatx)
-    x, y = shard(*make_data(passes), hvk.rank())
+    x, y = shard(*make_data(passes, hvk.size()), hvk.rank(), hvk.size())
     model = make_model(seed=123 if hvk.rank() == 0 else 999)  # different until broadcast
     optimizer = hvk.DistributedOptimizer(make_optimizer(kind), compression=compression,
                                          backward_passes_per_step=passes,

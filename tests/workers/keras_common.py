@@ -29,17 +29,18 @@ def use_floatx(name: str) -> None:
     keras.config.set_dtype_policy(name)
 
 
-def make_data(passes: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """One epoch: STEPS_PER_EPOCH steps of the global batch (x passes)."""
+def make_data(passes: int = 1, workers: int = WORKERS) -> tuple[np.ndarray, np.ndarray]:
+    """One epoch: STEPS_PER_EPOCH steps of the global batch of ``workers`` (x passes)."""
     rng = np.random.RandomState(7)
-    rows = STEPS_PER_EPOCH * BATCH_PER_WORKER * WORKERS * passes
+    rows = STEPS_PER_EPOCH * BATCH_PER_WORKER * workers * passes
     return rng.randn(rows, FEATURES), rng.randint(0, CLASSES, rows)
 
 
-def shard(x: np.ndarray, y: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rank ``rank``'s rows: its block of every (micro-)batch, in order."""
-    blocks = x.reshape(-1, WORKERS, BATCH_PER_WORKER, *x.shape[1:])[:, rank]
-    labels = y.reshape(-1, WORKERS, BATCH_PER_WORKER, *y.shape[1:])[:, rank]
+def shard(x: np.ndarray, y: np.ndarray, rank: int,
+          workers: int = WORKERS) -> tuple[np.ndarray, np.ndarray]:
+    """Rank ``rank``'s rows of ``workers``: its block of every (micro-)batch, in order."""
+    blocks = x.reshape(-1, workers, BATCH_PER_WORKER, *x.shape[1:])[:, rank]
+    labels = y.reshape(-1, workers, BATCH_PER_WORKER, *y.shape[1:])[:, rank]
     return blocks.reshape(-1, *x.shape[1:]), labels.reshape(-1, *y.shape[1:])
 
 
@@ -63,10 +64,10 @@ def loss() -> keras.losses.Loss:
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-def schedule(kind: str, passes: int = 1) -> LinearScalingSchedule:
-    """Base batch = one worker's batch, so k = 2 x passes."""
+def schedule(kind: str, passes: int = 1, workers: int = WORKERS) -> LinearScalingSchedule:
+    """Base batch = one worker's batch, so k = workers x passes."""
     return LinearScalingSchedule(
-        base_lr=ETA[kind], batch_size_per_worker=BATCH_PER_WORKER, world_size=WORKERS,
+        base_lr=ETA[kind], batch_size_per_worker=BATCH_PER_WORKER, world_size=workers,
         steps_per_epoch=STEPS_PER_EPOCH, base_batch_size=BATCH_PER_WORKER,
         warmup_epochs=WARMUP_EPOCHS, backward_passes_per_step=passes,
     )
@@ -90,16 +91,18 @@ class _ReferenceRate(keras.callbacks.Callback):
         self.step += 1
 
 
-def reference_fit(kind: str, passes: int = 1, floatx: str = "float64") -> list[np.ndarray]:
-    """One process fitting the concatenated data with the global batch, computing in
-    ``floatx`` (a dtype or a mixed policy)."""
+def reference_fit(kind: str, passes: int = 1, floatx: str = "float64",
+                  workers: int = WORKERS) -> list[np.ndarray]:
+    """One process fitting the concatenated data with the global batch of ``workers``,
+    computing in ``floatx`` (a dtype or a mixed policy)."""
     use_floatx(floatx)
-    x, y = make_data(passes)
+    x, y = make_data(passes, workers)
     model = make_model()
     model.compile(optimizer=make_optimizer(kind), loss=loss(), jit_compile=False)
-    model.fit(x, y, batch_size=BATCH_PER_WORKER * WORKERS * passes, epochs=EPOCHS,
+    model.fit(x, y, batch_size=BATCH_PER_WORKER * workers * passes, epochs=EPOCHS,
               shuffle=False, verbose=0,
-              callbacks=[_ReferenceRate(schedule(kind, passes), correct_momentum=kind == "sgd")])
+              callbacks=[_ReferenceRate(schedule(kind, passes, workers),
+                                        correct_momentum=kind == "sgd")])
     return model.get_weights()
 
 

@@ -60,7 +60,7 @@ def train(name: str, kind: str, passes: int = 1, dtype=torch.float64, divide_los
     the averaged gradients are clipped to that norm between synchronize() and step(), by
     ``optimizer.clip_grad_norm_`` or (``clip_with="torch"``) torch's own; with
     ``replace_data`` every parameter's ``data`` is replaced by a copy halfway."""
-    x, y = make_data(dtype=dtype)
+    x, y = make_data(dtype=dtype, workers=hvt.size())
     # Rank 0 starts from the reference's weights; rank 1 from others until the broadcast.
     model = make_model(seed=123 if hvt.rank() == 0 else 999, dtype=dtype)
     optimizer = hvt.DistributedOptimizer(make_optimizer(kind, model.parameters()),
@@ -79,7 +79,7 @@ def train(name: str, kind: str, passes: int = 1, dtype=torch.float64, divide_los
                 parameter.data = parameter.data.clone()
         optimizer.zero_grad()
         for micro in range(passes):
-            part = rows(step, micro, hvt.rank(), passes)
+            part = rows(step, micro, hvt.rank(), passes, hvt.size())
             (loss_fn(model, x[part], y[part]) / (passes if divide_loss else 1)).backward()
         if clip is None:
             optimizer.step()

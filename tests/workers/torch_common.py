@@ -27,12 +27,14 @@ def numbered_problem(samples: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, x @ torch.tensor([1.0, -2.0, 0.5, 3.0], dtype=torch.float64)
 
 
-def make_data(steps: int = STEPS, batch: int = BATCH_PER_WORKER * WORKERS * 4,
-              dtype=torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
-    """Enough rows for ``steps`` steps of the largest global batch used here."""
+def make_data(steps: int = STEPS, dtype=torch.float64,
+              workers: int = WORKERS) -> tuple[torch.Tensor, torch.Tensor]:
+    """Enough rows for ``steps`` steps of the largest global batch used here (4 passes
+    of ``workers`` workers)."""
     generator = torch.Generator().manual_seed(7)
-    x = torch.randn(steps * batch, FEATURES, generator=generator, dtype=torch.float64)
-    y = torch.randint(0, CLASSES, (steps * batch,), generator=generator)
+    count = steps * BATCH_PER_WORKER * workers * 4
+    x = torch.randn(count, FEATURES, generator=generator, dtype=torch.float64)
+    y = torch.randint(0, CLASSES, (count,), generator=generator)
     return x.to(dtype), y
 
 
@@ -53,24 +55,27 @@ def make_optimizer(kind: str, parameters) -> torch.optim.Optimizer:
     raise ValueError(kind)
 
 
-def schedule(backward_passes_per_step: int = 1, base_lr: float = 1.0) -> LinearScalingSchedule:
-    """The schedule both sides use: base batch = one worker's batch, so k = 2 x passes."""
+def schedule(backward_passes_per_step: int = 1, base_lr: float = 1.0,
+             workers: int = WORKERS) -> LinearScalingSchedule:
+    """The schedule both sides use: base batch = one worker's batch, so k = workers x
+    passes."""
     return LinearScalingSchedule(
-        base_lr=base_lr, batch_size_per_worker=BATCH_PER_WORKER, world_size=WORKERS,
+        base_lr=base_lr, batch_size_per_worker=BATCH_PER_WORKER, world_size=workers,
         steps_per_epoch=STEPS_PER_EPOCH, base_batch_size=BATCH_PER_WORKER,
         warmup_epochs=WARMUP_EPOCHS, backward_passes_per_step=backward_passes_per_step,
     )
 
 
-def rows(step: int, micro_batch: int, rank: int, passes: int) -> slice:
-    """The rows rank ``rank`` trains on in micro-batch ``micro_batch`` of step ``step``."""
-    start = ((step * passes + micro_batch) * WORKERS + rank) * BATCH_PER_WORKER
+def rows(step: int, micro_batch: int, rank: int, passes: int, workers: int = WORKERS) -> slice:
+    """The rows rank ``rank`` of ``workers`` trains on in micro-batch ``micro_batch`` of
+    step ``step``."""
+    start = ((step * passes + micro_batch) * workers + rank) * BATCH_PER_WORKER
     return slice(start, start + BATCH_PER_WORKER)
 
 
-def global_rows(step: int, passes: int) -> slice:
+def global_rows(step: int, passes: int, workers: int = WORKERS) -> slice:
     """All rows of step ``step``: what one process sees on the concatenated batch."""
-    size = WORKERS * passes * BATCH_PER_WORKER
+    size = workers * passes * BATCH_PER_WORKER
     return slice(step * size, (step + 1) * size)
 
 
@@ -80,21 +85,22 @@ def loss_fn(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.T
 
 def reference_run(kind: str, passes: int = 1, steps: int = STEPS, clip: float | None = None,
                   warmup: bool = True, optimizer_state: dict | None = None,
-                  dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
-    """One process, batch = all workers' micro-batches, LR from hvdtrain.schedule (or
+                  dtype: torch.dtype = torch.float64,
+                  workers: int = WORKERS) -> dict[str, torch.Tensor]:
+    """One process, batch = all ``workers``' micro-batches, LR from hvdtrain.schedule (or
     constant without ``warmup``), the gradient clipped to norm ``clip`` when given by
     torch's own clip_grad_norm_. ``optimizer_state``, a dict, receives the optimizer's
     state_dict() at the end; ``dtype``: the model's and the data's."""
-    x, y = make_data(dtype=dtype)
+    x, y = make_data(dtype=dtype, workers=workers)
     model = make_model(dtype=dtype)
     optimizer = make_optimizer(kind, model.parameters())
-    plan = schedule(passes, base_lr=optimizer.param_groups[0]["lr"])
+    plan = schedule(passes, base_lr=optimizer.param_groups[0]["lr"], workers=workers)
     for step in range(steps):
         if warmup:
             for group in optimizer.param_groups:
                 group["lr"] = plan.lr_at(step)
         optimizer.zero_grad()
-        part = global_rows(step, passes)
+        part = global_rows(step, passes, workers)
         loss_fn(model, x[part], y[part]).backward()
         if clip is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)

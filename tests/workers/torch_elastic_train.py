@@ -11,6 +11,8 @@ at each epoch's end. MODE:
   and go on as 2.
 - ``lose-rank-0``: the same, but rank 0 kills itself; the others go on as 2.
 - ``below-min``: the same as ``shrink``, launched with ``--min-np 3``: the job must end.
+- ``lose-two``: starts on 5 workers; at step 10 (two steps after a commit, two thirds
+  into the first epoch) ranks 3 and 4 kill themselves. The others go on as 3.
 - ``grow``: starts on 2 workers; after the commit of step 8, rank 0 offers a third
   host through HOSTS; the job goes on as 3.
 
@@ -43,9 +45,10 @@ from hvdtrain.adapters.torch import elastic
 from hvdtrain.jobs.local_hosts import LocalHosts
 
 SAMPLES, BATCH, EPOCHS, COMMIT_EVERY = 240, 4, 2, 4
-KILL_AT, GROW_AFTER = 14, 8
-# Which rank of the first 3 kills itself at step KILL_AT, by mode.
-VICTIMS = {"shrink": 2, "lose-rank-0": 0, "below-min": 2}
+GROW_AFTER = 8
+# By mode: the job's size when the victims kill themselves, the step, the victims' ranks.
+KILLS = {"shrink": (3, 14, (2,)), "lose-rank-0": (3, 14, (0,)), "below-min": (3, 14, (2,)),
+         "lose-two": (5, 10, (3, 4))}
 SHARDING = {"1": {"shard_state": True}, "gradients": {"shard_gradients": True}}.get(
     os.environ.get("HVDTRAIN_TEST_SHARDED", ""), {})
 SHARDED = bool(SHARDING)
@@ -71,7 +74,7 @@ class Numbered(torch.utils.data.Dataset):
 
 def main(mode: str, hosts: LocalHosts | None) -> None:
     """Train in ``mode``; ``hosts`` (needed by ``grow`` only) is the job's LocalHosts."""
-    victim = VICTIMS.get(mode)
+    killed_size, kill_at, victims = KILLS.get(mode, (0, -1, ()))
     hvt.init()
     report("started", pid=os.getpid(), host=socket.gethostname())
     torch.set_num_threads(1)
@@ -106,7 +109,8 @@ def main(mode: str, hosts: LocalHosts | None) -> None:
         consumed.clear()  # what was consumed since the last commit was rolled back
         while state.epoch < EPOCHS:
             for batch, (index, x, y) in enumerate(loader):
-                if state.step == KILL_AT and hvt.rank() == victim and hvt.size() == 3:
+                if (state.step == kill_at and hvt.rank() in victims
+                        and hvt.size() == killed_size):
                     report("killed", step=state.step, time=time.time())
                     os.kill(os.getpid(), signal.SIGKILL)
                 lr = optimizer.param_groups[0]["lr"]
