@@ -28,7 +28,8 @@ DOCUMENTS = (HERE / "README.md", HERE.parent / "README.md")
 # benchmark module -> the stem of the result file it writes
 RESULT_FILES = {"overhead": "overhead", "ddp": "ddp", "scaling": "scaling",
                 "bandwidth": "allreduce", "keras_throughput": "keras", "goyal": "goyal",
-                "sharding": "sharding", "allocator": "allocator", "bfloat16": "bfloat16"}
+                "sharding": "sharding", "allocator": "allocator", "bfloat16": "bfloat16",
+                "network": "network"}
 BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end generated -->)", re.DOTALL)
 # The Goyal headline: gradual warmup "matches" the baseline within this many points.
 GOYAL_MATCH_POINTS = 0.5

@@ -23,7 +23,7 @@ import report
 from common import HERE, progress
 
 BENCHMARKS = ("overhead", "ddp", "scaling", "bandwidth", "keras_throughput", "goyal",
-              "sharding", "allocator", "bfloat16")
+              "sharding", "allocator", "bfloat16", "network")
 
 
 def main() -> int:

@@ -12,8 +12,8 @@ in one of its own, so this machine's network is untouched), one key for the clie
 and one per host, and the files ``ip netns exec`` lays over ``/etc`` inside a
 namespace (``/etc/netns/NS/hosts`` and ``/etc/netns/NS/ssh/ssh_config``: this
 machine's own ``/etc/hosts`` and ``~/.ssh`` are left alone). Needs root, iproute2,
-util-linux's ``unshare`` and openssh-server; :func:`why_unavailable` says what is
-missing.
+util-linux's ``unshare`` and openssh-server (and iproute2's ``tc`` for
+:meth:`SshHosts.limit_rate`); :func:`why_unavailable` says what is missing.
 
 Example::
 
@@ -106,6 +106,25 @@ class SshHosts:
         """``command`` as run on host ``name`` (its network, host name and /etc files)."""
         return ["ip", "netns", "exec", self._namespaces[name], "unshare", "--uts", "sh", "-c",
                 f'hostname {name} && exec "$@"', "sh", *command]
+
+    def limit_rate(self, mbit_per_s: int | None) -> None:
+        """Rate-limit every host's link to ``mbit_per_s`` Mbit/s each way, or lift the
+        limit (None). A token bucket (tc's tbf) on the host's end of the link limits what
+        it sends, and one on the bridge's end what it receives. The bucket holds 160 µs
+        of traffic (at least 16 KiB): less and tbf's timer cannot keep 5 Gbit/s (3.5
+        measured with 32 KiB), more and messages of up to its size leave at the veth's
+        own speed (about 11 Gbit/s here). This kernel has no netem: the latency stays
+        the machine's."""
+        for namespace in self._namespaces.values():
+            for where, device in ((namespace, self.interface), (self._switch, f"{namespace}o")):
+                if mbit_per_s is None:
+                    subprocess.run(["ip", "netns", "exec", where, "tc", "qdisc", "del", "dev",
+                                    device, "root"], capture_output=True, timeout=30)
+                    continue
+                burst = max(16384, mbit_per_s * 1_000_000 // 8 * 160 // 1_000_000)
+                _run("ip", "netns", "exec", where, "tc", "qdisc", "replace", "dev", device,
+                     "root", "tbf", "rate", f"{mbit_per_s}mbit", "burst", str(burst),
+                     "latency", "50ms")
 
     def processes(self) -> list[int]:
         """The pids of every process on the hosts but their sshd listeners."""
