@@ -27,8 +27,8 @@ machine's (this kernel has no netem), so alpha here is mostly the collectives' o
 
 from __future__ import annotations
 
-import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,6 +42,7 @@ from common import (
     median,
     median_ratio,
     ms,
+    parse_result,
     pyplot,
     write_result,
 )
@@ -83,12 +84,7 @@ TRAINING = {  # contender -> (hosts, controller, step_worker mode, compression);
 }
 
 
-def _result(output: str, where: str) -> dict:
-    """The RESULT line of rank 0, with or without the launcher's rank prefix."""
-    for line in output.splitlines():
-        if "RESULT " in line:
-            return json.loads(line.split("RESULT ", 1)[1])
-    raise RuntimeError(f"{where} printed no RESULT line:\n{output[-3000:]}")
+
 
 
 def _environment() -> dict[str, str]:
@@ -97,19 +93,26 @@ def _environment() -> dict[str, str]:
 
 def _horovod(hosts: SshHosts, count: int, controller: str, script: str, args: list[str],
              timeout: float = 900) -> dict:
-    """``benchmarks/<script>`` on the first ``count`` hosts, one rank each."""
+    """``benchmarks/<script>`` on the first ``count`` hosts, one rank each. Each rank's
+    output goes to a file of its own (the launcher's merged stream can split a long
+    line under MPI)."""
     names = hosts.names[:count]
-    command = hosts.on(names[0], [
-        horovodrun_path(), f"--{controller}", "-np", str(count),
-        "-H", ",".join(f"{name}:1" for name in names),
-        "--network-interfaces", hosts.interface, "--ssh-identity-file", str(hosts.key),
-        sys.executable, str(HERE / script), *args])
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                          env=_environment(), cwd=HERE)
+    with tempfile.TemporaryDirectory(prefix="hvdtrain-ranks-") as ranks:
+        command = hosts.on(names[0], [
+            horovodrun_path(), f"--{controller}", "-np", str(count),
+            "-H", ",".join(f"{name}:1" for name in names),
+            "--network-interfaces", hosts.interface, "--ssh-identity-file", str(hosts.key),
+            sys.executable, "-m", "hvdtrain.jobs._rank_entry", ranks, str(HERE / script),
+            *args])
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                              env=_environment(), cwd=HERE)
+        first = Path(ranks, "rank-0.log")
+        output = first.read_text(errors="replace") if first.exists() else ""
     if done.returncode != 0:
         raise RuntimeError(f"{script} on {count} hosts ({controller}) exited "
-                           f"{done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}")
-    return _result(done.stdout, script)
+                           f"{done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}\n"
+                           f"rank 0:\n{output[-3000:]}")
+    return parse_result(output, script)
 
 
 def _ddp(hosts: SshHosts, count: int, args: list[str], timeout: float = 900) -> dict:
@@ -127,7 +130,7 @@ def _ddp(hosts: SshHosts, count: int, args: list[str], timeout: float = 900) -> 
     outputs = [process.communicate(timeout=timeout)[0] for process in processes]
     if any(process.returncode != 0 for process in processes):
         raise RuntimeError("DDP across hosts failed:\n" + "\n".join(o[-2000:] for o in outputs))
-    return _result(outputs[0], "ddp_worker.py")
+    return parse_result(outputs[0], "ddp_worker.py")
 
 
 def _one_rank(hosts: SshHosts, args: list[str], timeout: float = 900) -> dict:
@@ -138,7 +141,7 @@ def _one_rank(hosts: SshHosts, args: list[str], timeout: float = 900) -> dict:
     if done.returncode != 0:
         raise RuntimeError(f"step_worker.py alone exited {done.returncode}:\n"
                            f"{done.stderr[-3000:]}")
-    return _result(done.stdout, "step_worker.py")
+    return parse_result(done.stdout, "step_worker.py")
 
 
 def measure_collectives(hosts: SshHosts, max_bytes: int, budget_s: float, rounds: int,
@@ -195,6 +198,8 @@ def run(folder: Path, smoke: bool) -> dict:
     reason = why_unavailable()
     if reason:
         raise SystemExit(f"benchmark network needs hosts with sshd here: {reason}")
+    # Stopped with SIGTERM, unwind, so that the hosts (namespaces, sshd) are removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if smoke:
         max_bytes, budget_s, rounds, steps, models = 2**18, 0.02, 1, 2, MODELS[:1]
         host_counts, rates = (2,), (TRAIN_RATE_MBIT,)
@@ -207,7 +212,7 @@ def run(folder: Path, smoke: bool) -> dict:
         collectives = measure_collectives(hosts, max_bytes, budget_s, rounds, host_counts,
                                           rates)
         training = measure_training(hosts, steps, rounds, models, contenders)
-    summary = summarize(collectives, training, models, host_counts, rates)
+    summary = summarize(collectives, training, contenders, models, host_counts, rates)
     settings = {"hosts": list(HOSTS[:max(host_counts)]), "host_counts": list(host_counts),
                 "rates_mbit_s": list(rates),
                 "training_rate_mbit_s": TRAIN_RATE_MBIT, "max_bytes": max_bytes,
@@ -218,8 +223,9 @@ def run(folder: Path, smoke: bool) -> dict:
     return summary
 
 
-def summarize(collectives: dict, training: dict[str, list[dict]], models: tuple[str, ...],
-              host_counts: tuple[int, ...], rates: tuple[int, ...]) -> dict:
+def summarize(collectives: dict, training: dict[str, list[dict]], contenders: dict,
+              models: tuple[str, ...], host_counts: tuple[int, ...],
+              rates: tuple[int, ...]) -> dict:
     """The fits, the training table, the model's check and the projection."""
     fits = {}
     for rate in rates:
@@ -241,19 +247,21 @@ def summarize(collectives: dict, training: dict[str, list[dict]], models: tuple[
         steps[model] = {}
         for name, results in training.items():
             runs = [r["models"][model] for r in results]
-            steps[model][name] = {"median_step_s": median([r["median_step_s"] for r in runs])}
+            steps[model][name] = {"hosts": contenders[name][0],
+                                  "median_step_s": median([r["median_step_s"] for r in runs])}
             if "median_compute_s" in runs[0]:
                 steps[model][name]["median_compute_s"] = median(
                     [r["median_compute_s"] + r["median_update_s"] for r in runs])
                 if "median_allreduce_alone_s" in runs[0]:
                     steps[model][name]["median_allreduce_alone_s"] = median(
                         [r["median_allreduce_alone_s"] for r in runs])
-            if "DDP gloo" in training:
+            if "DDP gloo" in training and contenders[name][0] == 2:
                 steps[model][name]["ratio_to_ddp"] = median_ratio(
                     [r["median_step_s"] for r in runs],
                     [r["models"][model]["median_step_s"] for r in training["DDP gloo"]])
         steps[model]["parameters"] = training["1 rank"][0]["models"][model]["parameters"]
     return {"collectives": collectives, "fits": fits, "training": steps,
+            "training_rounds": training,
             "model_check": check_model(collectives, steps, models, host_counts),
             "projection": project(fits, steps, models)}
 

@@ -102,6 +102,10 @@ class SshHosts:
     def __exit__(self, *exc_info: object) -> None:
         self.remove()
 
+    def namespace(self, name: str) -> str:
+        """Host ``name``'s network namespace (``ip netns exec`` takes it)."""
+        return self._namespaces[name]
+
     def on(self, name: str, command: Sequence[str]) -> list[str]:
         """``command`` as run on host ``name`` (its network, host name and /etc files)."""
         return ["ip", "netns", "exec", self._namespaces[name], "unshare", "--uts", "sh", "-c",

@@ -2,6 +2,7 @@
 working, and checks that each writes its report and plot. Targets are judged by
 ``benchmarks/run.py`` itself, never here."""
 
+import doctest
 import importlib.util
 import json
 import subprocess
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import ssh_hosts
 import torch
 
 BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
@@ -22,11 +24,21 @@ REPORTS = {
     "goyal": ("goyal", {"tuned_eta", "baselines", "large_batch"}),
     "sharding": ("sharding", {"models", "peak_rss_bytes", "targets"}),
     "allocator": ("allocator", {"contenders", "target_step_ratio"}),
+    "bfloat16": ("bfloat16", {"sizes", "training"}),
+    "network": ("network", {"collectives", "fits", "training", "model_check", "projection"}),
 }
+# Needs hosts with sshd in network namespaces (root): a cluster test.
+CLUSTER_BENCHMARKS = {"network"}
 
 
-@pytest.mark.parametrize("name", sorted(REPORTS))
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.cluster)
+                                  if name in CLUSTER_BENCHMARKS else name
+                                  for name in sorted(REPORTS)])
 def test_benchmark_smoke_run_writes_its_report_and_plot(name):
+    if name in CLUSTER_BENCHMARKS:
+        reason = ssh_hosts.why_unavailable()
+        if reason:
+            pytest.skip(reason)
     done = subprocess.run([sys.executable, str(BENCHMARKS / "run.py"), "--smoke", "--only", name],
                           capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
@@ -131,3 +143,44 @@ def test_group_batch_norm_is_each_workers_batch_norm_on_its_own():
         assert torch.allclose(getattr(grouped, name), averaged, atol=1e-12), name
     assert not torch.allclose(out_grouped, torch.nn.functional.batch_norm(  # groups matter
         x, None, None, grouped.weight, grouped.bias, training=True), atol=1e-3)
+
+
+def _benchmark_module(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_ring_model_is_fitted_back_from_times_it_made():
+    """Times of the three collectives on 2 and 4 workers, made by the closed form with a
+    known alpha and beta and perturbed by up to 5 %: the fit finds them again within
+    5 %, and its doctest (a 1 Gbit/s ring) holds."""
+    ring = _benchmark_module("ring_model")
+    alpha, beta = 3e-4, 8 / 1e9  # 0.3 ms a message, 1 Gbit/s
+    points = []
+    for index, (operation, workers, nbytes) in enumerate(
+            (op, n, 2**k) for op in ring.OPERATIONS for n in (2, 4) for k in range(14, 25, 2)):
+        messages, moved = ring.ring_terms(operation, workers, nbytes)
+        wobble = 1 + 0.05 * ((-1) ** index) * (index % 3) / 2
+        points.append((operation, workers, nbytes, (messages * alpha + moved * beta) * wobble))
+    fitted = ring.fit_ring(points)
+    assert fitted.alpha_s == pytest.approx(alpha, rel=0.05)
+    assert fitted.beta_s_per_byte == pytest.approx(beta, rel=0.05)
+    assert doctest.testmod(ring).failed == 0
+
+
+def test_the_step_model_hides_communication_behind_backward_only_with_overlap():
+    ring = _benchmark_module("ring_model")
+    links = ring.RingLinks(alpha_s=1e-4, beta_s_per_byte=8e-9)
+    step = ring.StepModel(compute_s=0.3, gradient_bytes=10_000_000)
+    communication = 2 * 1e-4 + 10_000_000 * 8e-9  # 2 workers: 2 messages, n bytes each way
+    assert step.step_s(links, 2) == pytest.approx(0.3 + communication)
+    assert step.step_s(links, 2, overlap=True) == pytest.approx(0.3)  # 0.08 s < 0.2 s hidden
+    assert step.efficiency(links, 1) == 1.0
+    efficiencies = [step.efficiency(links, n) for n in (2, 8, 64, 256)]
+    assert efficiencies == sorted(efficiencies, reverse=True)
+    assert step.communication_s(links, 8, compressed=True) < step.communication_s(links, 8)
+    with pytest.raises(ValueError, match="operation must be one of"):
+        ring.ring_terms("broadcast", 2, 10)
