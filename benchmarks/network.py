@@ -12,7 +12,8 @@ machine's (this kernel has no netem), so alpha here is mostly the collectives' o
    against size on 2 and 4 hosts, Gloo and MPI, at each rate; launches interleaved
    over rounds, medians per point. The ring's alpha and beta are fitted per controller and
    rate (ring_model.py), and the bus bandwidth at the largest size is set against the
-   link's rate.
+   link's rate, with how busy the machine's CPUs were meanwhile (the emulated links
+   are forwarded and shaped in their interrupts).
 2. Training at 1 Gbit/s (step_worker.py, ddp_worker.py): hvdtrain flat, overlapped (two
    buckets started during backward), with fp16 and bf16 on the wire, and DDP, on 2
    hosts; hvdtrain flat on 4 hosts and on 1; interleaved over rounds.
@@ -164,7 +165,10 @@ def measure_collectives(hosts: SshHosts, max_bytes: int, budget_s: float, rounds
             times = [result["points"][index]["seconds"] for result in results]
             points.append({**point, "seconds": median(times),
                            "bus_bandwidth_gbit_s": point["bus_bandwidth_gbit_s"]
-                           * point["seconds"] / median(times)})
+                           * point["seconds"] / median(times),
+                           **{share: median([result["points"][index][share]
+                                             for result in results])
+                              for share in ("cpu_busy", "cpu_interrupts")}})
         table[key] = {"workers": results[0]["workers"], "points": points}
     return table
 
@@ -228,20 +232,20 @@ def summarize(collectives: dict, training: dict[str, list[dict]], contenders: di
               rates: tuple[int, ...]) -> dict:
     """The fits, the training table, the model's check and the projection."""
     fits = {}
+    largest = max(p["bytes"] for p in next(iter(collectives.values()))["points"])
     for rate in rates:
         for controller in CONTROLLERS:
             links = fit_ring(_points(collectives, rate, controller, host_counts))
-            largest = max(p["bytes"] for p in next(iter(collectives.values()))["points"])
+            at_largest = {str(count): next(
+                p for p in collectives[f"{rate} Mbit/s, {count} hosts, {controller}"]["points"]
+                if p["operation"] == "allreduce" and p["bytes"] == largest)
+                for count in host_counts}
             fits[f"{rate} {controller}"] = {
                 "rate_mbit_s": rate, "controller": controller, "alpha_s": links.alpha_s,
                 "beta_s_per_byte": links.beta_s_per_byte,
                 "fitted_gbit_s": links.bandwidth_gbit_s,
-                "bus_bandwidth_gbit_s": {
-                    str(count): next(p["bus_bandwidth_gbit_s"]
-                                     for p in collectives[f"{rate} Mbit/s, {count} hosts, "
-                                                          f"{controller}"]["points"]
-                                     if p["operation"] == "allreduce" and p["bytes"] == largest)
-                    for count in host_counts}}
+                **{field: {count: point[field] for count, point in at_largest.items()}
+                   for field in ("bus_bandwidth_gbit_s", "cpu_busy", "cpu_interrupts")}}
     steps = {}
     for model in models:
         steps[model] = {}
@@ -341,9 +345,12 @@ def _plot(path: Path, summary: dict) -> None:
             for variant, style in (("flat", "-"), ("overlap_bf16", "--")):
                 right.plot(counts, [row["efficiency"][str(n)][variant] for n in counts],
                            style, marker="o", label=f"{row['link']}, {variant}")
+    published: dict[float, list[str]] = {}
     for label, value in PUBLISHED.items():
+        published.setdefault(value, []).append(label)
+    for value, labels in published.items():
         right.axhline(value, color="grey", linestyle=":", linewidth=1)
-        right.annotate(label, (8, value), fontsize=6, va="bottom")
+        right.annotate("\n".join(labels), (8, value), fontsize=6, va="bottom")
     right.set_xscale("log", base=2)
     right.set_ylim(0, 1.05)
     right.set_xlabel("workers")
@@ -365,12 +372,15 @@ def targets(summary: dict) -> list[tuple[str, bool]]:
 
 def tables(result: dict) -> str:
     """The report's tables (Markdown) from ``network.json``."""
+    counts = [str(n) for n in result["settings"]["host_counts"]]
     fits = markdown_table(
         ["link", "controller", "alpha (per message)", "fitted bandwidth",
-         *(f"allreduce bus bandwidth, {n} hosts" for n in result["settings"]["host_counts"])],
+         *(f"largest allreduce, {n} hosts: bus bandwidth (CPU busy, in interrupts)"
+           for n in counts)],
         [[f"{f['rate_mbit_s'] / 1000:g} Gbit/s", f["controller"], f"{1e6 * f['alpha_s']:.0f} µs",
           f"{f['fitted_gbit_s']:.2f} Gbit/s",
-          *(f"{v:.2f} Gbit/s" for v in f["bus_bandwidth_gbit_s"].values())]
+          *(f"{f['bus_bandwidth_gbit_s'][n]:.2f} Gbit/s ({f['cpu_busy'][n]:.0%}, "
+            f"{f['cpu_interrupts'][n]:.0%})" for n in counts)]
          for f in result["fits"].values()])
     training = result["training"]
     contenders = [name for name in next(iter(training.values())) if name != "parameters"]
@@ -388,12 +398,12 @@ def tables(result: dict) -> str:
           f"{c['allreduce_error']:+.0%}",
           f"{ms(c['predicted_step_s'])} / {ms(c['measured_step_s'])}",
           f"{c['step_error']:+.0%}"] for c in result["model_check"]])
-    counts = [str(n) for n in WORKER_COUNTS]
+    workers = [str(n) for n in WORKER_COUNTS]
     projection = markdown_table(
-        ["model (compute per step, gradients)", "link", *(f"N = {n}" for n in counts)],
+        ["model (compute per step, gradients)", "link", *(f"N = {n}" for n in workers)],
         [[f"{r['model']} ({ms(r['compute_s'])}, {r['gradient_bytes'] / 1e6:.1f} MB)",
           r["link"], *(" / ".join(f"{r['efficiency'][n][v]:.2f}"
                                   for v in ("flat", "overlap", "overlap_bf16"))
-                       for n in counts)] for r in result["projection"]])
+                       for n in workers)] for r in result["projection"]])
     return "\n\n".join([fits, steps, check, "Projected efficiency (flat / overlapped / "
                         "overlapped with bf16):\n\n" + projection])

@@ -5,9 +5,10 @@ For float32 buffers of 16 KiB, 64 KiB, ... up to MAX_BYTES, times Horovod's allr
 reduce-scatter (each rank gets 1/N of the buffer) and allgather (each rank gives 1/N,
 all get the whole buffer), each until SECONDS_PER_POINT have passed (3 to 200
 repetitions, after one warm-up; allreduce_worker.py's ``timed``). Rank 0 prints
-``RESULT {json}``: per operation and size, the median time and the bus bandwidth
-(NCCL's measure: what each rank's link carried per second, (N-1)/N x bytes / time,
-twice that for allreduce).
+``RESULT {json}``: per operation and size, the median time, the bus bandwidth (NCCL's
+measure: what each rank's link carried per second, (N-1)/N x bytes / time, twice that
+for allreduce), and how busy this machine's CPUs were meanwhile, in all and in interrupts
+(the emulated links' forwarding and shaping run there, as softirqs).
 """
 
 import json
@@ -20,6 +21,21 @@ from ring_model import OPERATIONS, ring_terms
 import hvdtrain.adapters.torch as hvt
 
 SMALLEST_BYTES = 16 * 1024
+
+
+def cpu_ticks() -> tuple[int, int, int]:
+    """This machine's CPU ticks so far: (busy, in interrupts, all), from /proc/stat."""
+    with open("/proc/stat") as stat:
+        ticks = [int(value) for value in stat.readline().split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle, iowait
+    return sum(ticks) - idle, ticks[5] + ticks[6], sum(ticks)  # irq, softirq
+
+
+def cpu_shares(before: tuple[int, int, int], after: tuple[int, int, int]) -> dict:
+    """The share of CPU time busy, and in interrupts, between two :func:`cpu_ticks`."""
+    busy, interrupts, total = (b - a for a, b in zip(before, after, strict=True))
+    total = max(total, 1)
+    return {"cpu_busy": busy / total, "cpu_interrupts": interrupts / total}
 
 
 def collective(operation: str, nbytes: int):
@@ -43,10 +59,12 @@ def main() -> None:
     nbytes = SMALLEST_BYTES
     while nbytes <= max_bytes:
         for operation in OPERATIONS:
+            before = cpu_ticks()
             seconds = timed(collective(operation, nbytes), budget_s)
+            cpu = cpu_shares(before, cpu_ticks())
             _, moved = ring_terms(operation, workers, nbytes)
             points.append({"operation": operation, "bytes": nbytes, "seconds": seconds,
-                           "bus_bandwidth_gbit_s": 8 * moved / seconds / 1e9})
+                           "bus_bandwidth_gbit_s": 8 * moved / seconds / 1e9, **cpu})
         nbytes *= 4
     if hvt.rank() == 0:
         print("RESULT " + json.dumps({"workers": workers, "points": points}), flush=True)

@@ -92,6 +92,10 @@ def keras_modes() -> dict:
 
     import hvdtrain.adapters.keras as hvk
 
+    if keras.backend.backend() == "torch":
+        import torch
+
+        torch.set_num_threads(1)  # as in torch_modes: no thread pools spinning on 2 cores
     hvk.init()
     rank, size = hvk.rank(), hvk.size()
 
