@@ -26,9 +26,10 @@ SMALLEST_BYTES = 16 * 1024
 def cpu_ticks() -> tuple[int, int, int]:
     """This machine's CPU ticks so far: (busy, in interrupts, all), from /proc/stat."""
     with open("/proc/stat") as stat:
-        ticks = [int(value) for value in stat.readline().split()[1:]]
-    idle = ticks[3] + ticks[4]  # idle, iowait
-    return sum(ticks) - idle, ticks[5] + ticks[6], sum(ticks)  # irq, softirq
+        # user nice system idle iowait irq softirq steal (guest time is within user)
+        ticks = [int(value) for value in stat.readline().split()[1:9]]
+    idle = ticks[3] + ticks[4]
+    return sum(ticks) - idle, ticks[5] + ticks[6], sum(ticks)
 
 
 def cpu_shares(before: tuple[int, int, int], after: tuple[int, int, int]) -> dict:
