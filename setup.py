@@ -16,9 +16,9 @@ from setuptools import Extension, setup
 
 
 def _tally_layout() -> list[tuple[str, str]]:
-    """hvdtrain.gradients' tally layout (TALLY, COUNT, BOUND) as C macros, read from its
+    """hvdtrain.tally's layout (TALLY, COUNT, BOUND) as C macros, read from its
     source's assignments (nothing of the package is imported to build it)."""
-    tree = ast.parse((Path(__file__).resolve().parent / "hvdtrain" / "gradients.py").read_text())
+    tree = ast.parse((Path(__file__).resolve().parent / "hvdtrain" / "tally.py").read_text())
     values = {target.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
               for target in node.targets if isinstance(target, ast.Name)
               and isinstance(node.value, ast.Constant)}

@@ -33,7 +33,7 @@ from keras_models import BATCH_PER_WORKER, loss, make_data, make_model
 import hvdtrain.adapters.keras as hvk
 from hvdtrain import step_timing
 from hvdtrain.adapters.keras import reduction, step_events, tally
-from hvdtrain.gradients import StepObservers
+from hvdtrain.step_events import StepObservers
 
 WARMUP_STEPS = 3
 CHECK_CALLS = 200

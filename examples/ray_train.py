@@ -8,7 +8,7 @@ on each other one, then on any of them:
            --checkpoint /shared/checkpoints/ray_train.pt
 
 Every option after ``--`` goes to torch_train.py (``-- --epochs 20 --resume``). Ray ships
-this folder to every worker; hvdtrain.ray.run starts one Ray actor per worker with
+this folder to every worker; hvdtrain.jobs.ray.run starts one Ray actor per worker with
 Horovod (Gloo) between them, runs torch_train.main on each, and ends the whole job
 naming the rank if one fails. The checkpoint must be on storage every worker can
 read (rank 0 writes it; ``--resume`` reads it on every rank).
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import ray
 
-import hvdtrain.ray
+import hvdtrain.jobs.ray
 
 HERE = Path(__file__).resolve().parent
 
@@ -54,10 +54,10 @@ def main() -> int:
     ray.init(address=args.address, runtime_env={
         "working_dir": str(HERE), "env_vars": {"OMP_NUM_THREADS": str(args.cpus_per_worker)}})
     try:
-        codes = hvdtrain.ray.run(train, num_workers=args.workers,
+        codes = hvdtrain.jobs.ray.run(train, num_workers=args.workers,
                                  cpus_per_worker=args.cpus_per_worker,
                                  args=[["--checkpoint", str(args.checkpoint), *train_args]])
-    except hvdtrain.ray.RankFailed as failure:
+    except hvdtrain.jobs.ray.RankFailed as failure:
         print(failure, file=sys.stderr)
         return 1
     finally:

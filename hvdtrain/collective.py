@@ -77,7 +77,7 @@ class TensorCollective(Protocol):
     Each adapter implements it once, as its ``tensors()``: the torch adapter over
     ``horovod.torch`` (asynchronous, reducing in place), the Keras and TensorFlow
     adapters over the Horovod of Keras's backend (in graphs too), the NumPy adapter
-    over mpi4py. The adapters' optimizers and the vote of :mod:`hvdtrain.gradients`
+    over mpi4py. The adapters' optimizers and the vote (:func:`any_rank`)
     move their tensors through it. Each operation returns a handle that :meth:`wait`
     turns into the result; an implementation whose operations complete at once returns
     the result as the handle. ``name`` pairs a call across workers; ``prescale`` and
@@ -184,3 +184,11 @@ def on_rank0_for_all(collective: Collective, action: Callable[[], _Result], what
     if error:
         raise RuntimeError(f"rank 0 could not {what}: {error}")
     return result
+
+
+def any_rank(flag: Any, tensors: TensorCollective, name: str) -> Any:
+    """Whether some rank raised its ``flag``: a one-element tensor of the adapter's
+    holding 1 where this rank's condition holds, 0 where not, summed over the ranks by
+    one allreduce through ``tensors`` (named ``name``). The answer, a boolean tensor,
+    is the same on every rank."""
+    return tensors.wait(tensors.allreduce(flag, name, op="sum")) > 0

@@ -23,7 +23,6 @@ from typing import Any
 
 import hvdtrain
 from hvdtrain.collective import Collective, gather
-from hvdtrain.deprecation import renamed_attributes
 
 
 class RankDisagreementError(ValueError):
@@ -106,6 +105,3 @@ def check_ranks_agree(collective: Collective, facts: Mapping[str, Any], where: s
         name: the collective's name, the same on every rank.
     """
     raise_on_disagreement(gather(collective, dict(facts), name), where)
-
-
-__getattr__ = renamed_attributes(__name__, {"first_disagreement": "first_fact_difference"})

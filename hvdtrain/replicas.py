@@ -23,7 +23,6 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from hvdtrain.collective import Collective, gather
-from hvdtrain.deprecation import renamed_attributes
 
 Checksums = list[tuple[str, str]]
 
@@ -96,6 +95,3 @@ def verify_checksums(collective: Collective, mine: Checksums,
     """Gather every rank's ``mine`` and raise :class:`ReplicaMismatchError` on every rank
     unless they all equal rank 0's (``labels``: names to show for checksum keys)."""
     raise_on_mismatch(gather(collective, mine, "hvdtrain.replica_checksums"), labels)
-
-
-__getattr__ = renamed_attributes(__name__, {"first_mismatch": "first_checksum_difference"})

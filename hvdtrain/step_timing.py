@@ -1,7 +1,7 @@
 """Per-rank step timing, on by default in every adapter (framework-free).
 
 Every adapter's ``init()`` starts a :class:`StepTimer`, one of the averaged step's
-observers (:data:`hvdtrain.gradients.step_observers`). On each rank it measures the
+observers (:data:`hvdtrain.step_events.step_observers`). On each rank it measures the
 compute of each step (from leaving one reduction to entering the next) and the
 reduction (entering it until the averaged gradients are back), as sums over a window.
 Every so many steps the ranks exchange those sums in one small allreduce (a few numbers
@@ -41,7 +41,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from hvdtrain.collective import Collective
-from hvdtrain.gradients import step_observers
+from hvdtrain.step_events import step_observers
 from hvdtrain.stragglers import RankTimes, StragglerReport, TimingWindow
 
 REPORT_SECONDS_VARIABLE = "HVDTRAIN_STRAGGLER_REPORT_SECONDS"
@@ -182,7 +182,7 @@ class StepTimer:
         self._clear_window()
 
     takes_late_events = True
-    """Events may come late with their times (:class:`hvdtrain.gradients.StepObserver`)."""
+    """Events may come late with their times (:class:`hvdtrain.step_events.StepObserver`)."""
 
     def resume(self) -> None:
         """Time passed unobserved (:func:`paused`): the next step's compute is not timed."""
@@ -193,7 +193,8 @@ class StepTimer:
         self._window_started = self._clock() if now is None else now
 
     def reduction_started(self, step: int, at: float | None = None) -> None:
-        """Close this step's compute (:meth:`hvdtrain.gradients.StepObserver.reduction_started`)."""
+        """Close this step's compute
+        (:meth:`hvdtrain.step_events.StepObserver.reduction_started`)."""
         now = self._clock() if at is None else at
         if self._left is not None:
             self._sums[_COMPUTE_STEPS] += 1

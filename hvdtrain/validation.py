@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from hvdtrain.gradients import wire_format
+from hvdtrain.compression import wire_format
 
 
 def is_finite_number(value: object) -> bool:
@@ -68,5 +68,5 @@ def require_instance(name: str, value: Any, expected: type | tuple[type, ...],
 
 def require_compression(compression: object) -> None:
     """Raise ValueError unless ``compression`` names one of
-    :data:`hvdtrain.gradients.WIRE_FORMATS`."""
+    :data:`hvdtrain.compression.WIRE_FORMATS`."""
     wire_format(compression)

@@ -12,19 +12,18 @@ import numpy as np
 import pytest
 
 from hvdtrain import gradients, horovod_patches
-from hvdtrain.gradients import (
+from hvdtrain.collective import any_rank
+from hvdtrain.compression import WIRE_FORMATS, wire_format
+from hvdtrain.nonfinite import NonFinitePolicy
+from hvdtrain.step_events import StepObservers
+from hvdtrain.tally import (
     BOUND,
     COUNT,
     TALLY,
-    WIRE_FORMATS,
-    NonFinitePolicy,
-    StepObservers,
-    any_rank,
     finite_bound_limit,
     joined_rescale,
     read_tally,
     some_ranks_joined,
-    wire_format,
 )
 
 LARGEST32 = float(np.finfo(np.float32).max)

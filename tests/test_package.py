@@ -10,12 +10,12 @@ import pytest
 
 from hvdtrain import (
     collective,
-    deprecation,
+    compression,
     elastic,
-    gradients,
     horovod_patches,
     runtime,
     schedule,
+    tally,
     warmup,
 )
 from hvdtrain.jobs import doctor, slurm
@@ -37,7 +37,7 @@ def test_core_modules_import_without_any_framework():
         import hvdtrain.validation, hvdtrain.metrics, hvdtrain.nonfinite, hvdtrain.trees
         import hvdtrain.jobs.launch, hvdtrain.jobs.cli, hvdtrain.jobs.doctor
         import hvdtrain.elastic, hvdtrain.jobs.slurm, hvdtrain.jobs.local_hosts
-        import hvdtrain.horovod_patches, hvdtrain.collective, hvdtrain.gradients
+        import hvdtrain.horovod_patches, hvdtrain.collective, hvdtrain.tally
         assert hvdtrain.jobs.cli.main(["schedule", "--base-lr", "0.1",
                                        "--batch-size-per-worker", "32", "--workers", "16",
                                        "--steps-per-epoch", "5", "--epochs", "6"]) == 0
@@ -62,7 +62,7 @@ def test_the_torch_adapter_says_what_is_missing_before_init():
 
 
 @pytest.mark.parametrize("module", [schedule, warmup, elastic, slurm, horovod_patches, runtime,
-                                    collective, doctor, deprecation, gradients])
+                                    collective, doctor, tally, compression])
 def test_the_examples_in_the_core_docstrings_hold(module):
     results = doctest.testmod(module)
     assert results.attempted > 0 and results.failed == 0

@@ -328,7 +328,7 @@ def test_the_metrics_file_holds_every_window_and_hvdtrain_report_reads_it(key, t
 
 
 def test_paused_steps_reach_no_timer_and_the_gap_is_not_compute():
-    from hvdtrain.gradients import step_observers
+    from hvdtrain.step_events import step_observers
 
     class Alone:
         def rank(self):

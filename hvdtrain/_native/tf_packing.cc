@@ -34,7 +34,7 @@ using ::tensorflow::TensorShape;
 namespace shape_inference = ::tensorflow::shape_inference;
 
 constexpr int64_t kAlign = 16;  // elements: 64 bytes or more, TensorFlow's alignment
-// The tally's layout is hvdtrain.gradients' (TALLY, COUNT, BOUND); setup.py defines it.
+// The tally's layout is hvdtrain.tally's (TALLY, COUNT, BOUND); setup.py defines it.
 #if !defined(HVDTRAIN_TALLY) || !defined(HVDTRAIN_TALLY_COUNT) || !defined(HVDTRAIN_TALLY_BOUND)
 #error "build through setup.py, which defines the tally's layout from hvdtrain/gradients.py"
 #endif
@@ -181,7 +181,7 @@ REGISTER_OP("HvdtrainUnpackChecked")
     .Doc(R"doc(
 The gradients of a reduced HvdtrainPackWithTally buffer, shaped as `shapes`, and its
 tally. With check: unless the tally's bound is below `limit` (which proves every
-gradient finite: hvdtrain.gradients.finite_bound_limit), reads the gradients and fails
+gradient finite: hvdtrain.tally.finite_bound_limit), reads the gradients and fails
 with the message of the first that holds NaN or Inf (`messages`, one per gradient, its
 "{step}" replaced by `step`).
 )doc");

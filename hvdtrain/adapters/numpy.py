@@ -33,10 +33,10 @@ import numpy as np
 from hvdtrain import runtime, step_timing, watchdog
 from hvdtrain.collective import Collective, ReduceOp, TensorCollective, require_initialized
 from hvdtrain.consistency import RankDisagreementError, check_ranks_agree, software_versions
-from hvdtrain.gradients import step_observers
 from hvdtrain.nonfinite import PLAIN_REMEDY, NonFiniteGradientError, nonfinite_gradient_message
 from hvdtrain.replicas import ReplicaMismatchError, checksums, verify_checksums
 from hvdtrain.runtime import announce_single_worker, launcher_size
+from hvdtrain.step_events import step_observers
 from hvdtrain.validation import require_instance, require_root_rank
 from hvdtrain.warmup import WarmupArguments, WarmupSettings, check_warmup_agreement
 

@@ -135,7 +135,7 @@ class DistributedGradientTape:
         op: ``Average`` (default) or ``Sum``.
         check_nonfinite: stop training when an averaged gradient holds NaN or Inf.
         optimizer: the optimizer that applies the gradients: names the step in errors
-            and to the core's step observers (:data:`hvdtrain.gradients.step_observers`
+            and to the core's step observers (:data:`hvdtrain.step_events.step_observers`
             hear of the reduction's start and end either way, as step -1 without it; a
             plain optimizer's update is not observed), and is needed when
             ``backward_passes_per_step`` > 1.

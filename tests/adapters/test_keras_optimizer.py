@@ -418,7 +418,7 @@ STEP_EVENTS = [event for step in range(3) for event in (
 
 
 def test_step_observers_hear_every_update_of_fit(keras_run):
-    """hvdtrain.gradients' observers, called from fit's traced graph: each reduction,
+    """hvdtrain.step_events' observers, called from fit's traced graph: each reduction,
     and each update applied or (the NaN batch, skip_nonfinite=True) skipped."""
     for report in keras_run.both("step_events"):
         assert report["events"] == STEP_EVENTS

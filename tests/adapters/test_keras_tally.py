@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from hvdtrain.adapters.keras import tally
-from hvdtrain.gradients import TALLY
+from hvdtrain.tally import TALLY
 
 MESSAGE = "hvdtrain: bad gradient at optimizer step {step} (counting from 0)"
 

@@ -71,7 +71,7 @@ def test_distributed_sgd_equals_one_process_on_the_concatenated_batch(run):
 
 
 def test_step_observers_hear_every_step(run):
-    """hvdtrain.gradients' observers hear each reduction and each applied step."""
+    """hvdtrain.step_events' observers hear each reduction and each applied step."""
     for report in run.both("sgd"):
         assert report["events"] == [
             event for step in range(STEPS) for event in (

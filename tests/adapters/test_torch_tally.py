@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hvdtrain.adapters.torch import tally
-from hvdtrain.adapters.torch.tally import flat_with_tally, read_tally, rows_with_tally, write_bound
+from hvdtrain.adapters.torch.tally import flat_with_tally, rows_with_tally, split_tally, write_bound
 from hvdtrain.sharding import ShardLayout
 
 LARGEST = torch.finfo(torch.float32).max
@@ -25,10 +25,10 @@ def averaged(*ranks: list[torch.Tensor], size: int = 2) -> torch.Tensor:
 def test_the_gradients_come_back_in_order_and_the_tally_counts_the_ranks():
     one = [torch.tensor([[1.0, 2.0]]), torch.tensor([3.0])]
     two = [torch.tensor([[3.0, 4.0]]), torch.tensor([5.0])]
-    gradients, contributors, finite = read_tally(averaged(one, two), 0.5, prescale=1.0)
+    gradients, contributors, finite = split_tally(averaged(one, two), 0.5, prescale=1.0)
     assert gradients.tolist() == [2.0, 3.0, 4.0]
     assert (contributors, finite) == (2, True)
-    _, contributors, _ = read_tally(averaged(one), 0.5, prescale=1.0)  # the other joined
+    _, contributors, _ = split_tally(averaged(one), 0.5, prescale=1.0)  # the other joined
     assert contributors == 1
 
 
@@ -52,7 +52,7 @@ def test_the_bound_is_the_l2_norm_and_carries_nan_and_inf():
 ])
 def test_the_bound_proves_finite_only_what_cannot_overflow(one, two, finite):
     reduced = averaged([torch.tensor([one])], [torch.tensor([two])])
-    assert read_tally(reduced, 0.5, prescale=1.0)[2] is finite
+    assert split_tally(reduced, 0.5, prescale=1.0)[2] is finite
 
 
 def test_the_fused_packing_is_built_and_equals_the_two_pass_one():
@@ -103,7 +103,7 @@ def test_the_rows_are_the_slices_of_the_flat_buffer_each_with_the_whole_tally(dt
     """rows_with_tally (what shard_gradients reduce-scatters): row r holds worker r's
     slice of the flat gradients (zero-padded), then 1 and the norm of all of them; a
     2-rank reduce-scatter (the rows summed, each rank reading its own) gives each rank
-    what read_tally gives for the allreduced flat buffer, sliced."""
+    what split_tally gives for the allreduced flat buffer, sliced."""
     generator = torch.Generator().manual_seed(3)
     layout = ShardLayout((6, 1, 4), world_size, 0)  # 11 elements
     one, two = ([torch.randn(size, generator=generator, dtype=dtype) for size in layout.sizes]
@@ -118,10 +118,10 @@ def test_the_rows_are_the_slices_of_the_flat_buffer_each_with_the_whole_tally(dt
     assert torch.allclose(rows[:, length + 1], flat[-1].expand(world_size), rtol=1e-6)
     summed_rows = (rows + rows_with_tally(two, layout, bound=True)) / 2
     summed_flat = (flat + flat_with_tally(two, dtype, torch.device("cpu"), bound=True)) / 2
-    whole, _, _ = read_tally(summed_flat, 0.5, prescale=1.0)
+    whole, _, _ = split_tally(summed_flat, 0.5, prescale=1.0)
     for rank in range(world_size):
         start, end = layout.bounds(rank)
-        mine, contributors, finite = read_tally(summed_rows[rank], 0.5, prescale=1.0)
+        mine, contributors, finite = split_tally(summed_rows[rank], 0.5, prescale=1.0)
         assert torch.equal(mine[:end - start], whole[start:end])
         assert (contributors, finite) == (2, True)
 

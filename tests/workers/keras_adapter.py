@@ -41,8 +41,8 @@ from scenarios import report as report_for_rank
 import hvdtrain.adapters.keras as hvk
 from hvdtrain.adapters.keras import tally
 from hvdtrain.adapters.keras.backend import tensors
-from hvdtrain.gradients import step_observers
 from hvdtrain.replicas import checksums
+from hvdtrain.step_events import step_observers
 
 OUT = Path(sys.argv[1])
 TENSORFLOW = keras.backend.backend() == "tensorflow"

@@ -13,7 +13,7 @@ from numpy_common import STEPS, gradients, make_data, make_weights, rows
 from scenarios import EventRecorder, exercise_tensor_collective
 
 import hvdtrain.adapters.numpy as hvn
-from hvdtrain.gradients import step_observers
+from hvdtrain.step_events import step_observers
 
 OUT = Path(sys.argv[1])
 

@@ -52,7 +52,7 @@ def run_scenarios(rank: Callable[[], int], scenarios: dict[str, Callable[[], Non
 
 
 class EventRecorder:
-    """A step observer (hvdtrain.gradients.StepObserver) appending what it hears."""
+    """A step observer (hvdtrain.step_events.StepObserver) appending what it hears."""
 
     def __init__(self, events):
         self.events = events

@@ -30,7 +30,7 @@ from torch_common import (
 import hvdtrain.adapters.torch as hvt
 from hvdtrain import horovod_patches
 from hvdtrain.adapters.torch._horovod import tensors
-from hvdtrain.gradients import step_observers
+from hvdtrain.step_events import step_observers
 
 OUT = Path(sys.argv[1])
 

@@ -23,8 +23,8 @@ from hvdtrain.adapters.keras.reduction import (
     require_finite,
     variable_names,
 )
-from hvdtrain.gradients import NonFinitePolicy, StepObservers, observers_of
-from hvdtrain.nonfinite import SKIP_REMEDY
+from hvdtrain.nonfinite import SKIP_REMEDY, NonFinitePolicy
+from hvdtrain.step_events import StepObservers, observers_of
 from hvdtrain.validation import require_compression, require_positive_number
 
 NO_LOSS_SCALED_ACCUMULATION = ("backward_passes_per_step > 1 is not supported with loss "
@@ -43,7 +43,7 @@ class Reduction:
     process_set: Any = None
 
     def observers(self) -> StepObservers:
-        """Whom its steps are told to (:func:`hvdtrain.gradients.observers_of`)."""
+        """Whom its steps are told to (:func:`hvdtrain.step_events.observers_of`)."""
         job = backend.horovod().size()
         return observers_of(job if self.process_set is None else self.process_set.size(), job)
 
@@ -136,7 +136,7 @@ def distributed_class(base: type, reduction: Reduction, on_nonfinite: NonFiniteP
     Keras 3 calls ``_clip_gradients`` once per optimizer update, with the final
     gradients (:mod:`hvdtrain.adapters.keras._internals`), so the allreduce runs once
     per update and clipping sees the worker-averaged gradient. An averaged gradient
-    holding NaN or Inf (:class:`hvdtrain.gradients.NonFinitePolicy`): ``RAISE`` stops
+    holding NaN or Inf (:class:`hvdtrain.nonfinite.NonFinitePolicy`): ``RAISE`` stops
     training on every rank, with a message naming the variable and ending with
     ``remedy``; ``SKIP`` runs the weight decay and the update only when it is finite on
     every rank, counting skipped updates in ``skipped_steps``; ``IGNORE`` applies it.

@@ -19,8 +19,7 @@ from hvdtrain.adapters.keras.distributed_classes import (
     loss_scale_class,
     reduction_of,
 )
-from hvdtrain.gradients import NonFinitePolicy
-from hvdtrain.nonfinite import TAPE_REMEDY
+from hvdtrain.nonfinite import TAPE_REMEDY, NonFinitePolicy
 from hvdtrain.validation import (
     require_instance,
     require_positive_int,

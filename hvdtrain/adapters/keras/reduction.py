@@ -19,17 +19,10 @@ from keras import ops
 
 from hvdtrain.adapters.keras import backend, tally
 from hvdtrain.adapters.keras.backend import UNSCOPED, horovod
-from hvdtrain.collective import TensorCollective
-from hvdtrain.gradients import (
-    COUNT,
-    any_rank,
-    finite_bound_limit,
-    joined_rescale,
-    require_bfloat16_reduction,
-    some_ranks_joined,
-    wire_format,
-)
+from hvdtrain.collective import TensorCollective, any_rank
+from hvdtrain.compression import require_bfloat16_reduction, wire_format
 from hvdtrain.nonfinite import SKIP_REMEDY, NonFiniteGradientError, nonfinite_gradient_message
+from hvdtrain.tally import COUNT, finite_bound_limit, joined_rescale, some_ranks_joined
 
 # Where the non-finite error shows the optimizer step (a tensor known only at run time);
 # hvdtrain._tf_packing's unpack op replaces this very text.
@@ -233,7 +226,7 @@ def _step_messages(names: Sequence[str] | None, count: int, step: Any, remedy: s
 
 def finite_on_every_rank(grads: Sequence[Any]) -> Any:
     """A boolean tensor, the same on every rank: no rank sees a NaN or Inf in ``grads``
-    (:func:`hvdtrain.gradients.any_rank`, the vote every adapter takes)."""
+    (:func:`hvdtrain.collective.any_rank`, the vote every adapter takes)."""
     present = [g for g in grads if g is not None]
     flag = ops.reshape(ops.cast(ops.logical_not(all_finite(present)), "float32"), [1])
     nonfinite = any_rank(flag, backend.tensors(), "hvdtrain.nonfinite")

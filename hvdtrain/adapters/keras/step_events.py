@@ -1,4 +1,4 @@
-"""The core's step observers (:data:`hvdtrain.gradients.step_observers`) told of each
+"""The core's step observers (:data:`hvdtrain.step_events.step_observers`) told of each
 update of a Keras distributed optimizer (and of each reduction of TensorFlow's
 ``DistributedGradientTape``).
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hvdtrain.adapters.keras.backend import in_tensorflow_graph
-from hvdtrain.gradients import StepObservers, step_observers
+from hvdtrain.step_events import StepObservers, step_observers
 
 LATE_BATCH = 32
 """Updates told at once to observers that take late events, inside a graph."""
@@ -53,7 +53,7 @@ def reduction_started(step: Any, *, after: Sequence[Any] = (),
     or -1 when there is none) starts. In a graph the call, or the timestamp, waits for
     the tensors ``after`` (the gradients): nothing else orders it against the forward
     and backward pass, which the observers time. ``observers``: nobody for a process
-    set's reduction (:func:`hvdtrain.gradients.observers_of`)."""
+    set's reduction (:func:`hvdtrain.step_events.observers_of`)."""
     reduction = ObservedReduction(observers, step)
     if not observers:
         return reduction

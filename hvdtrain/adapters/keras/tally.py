@@ -2,12 +2,12 @@
 
 The Keras counterpart of :mod:`hvdtrain.adapters.torch.tally`: float32 (or float64)
 gradients are copied into one buffer (``hvdtrain._tf_packing``'s
-``HvdtrainPackWithTally``), and the tally of :mod:`hvdtrain.gradients` follows them:
+``HvdtrainPackWithTally``), and the tally of :mod:`hvdtrain.tally` follows them:
 the rank's 1, which the reduction turns into the number of ranks that sent gradients,
 and the L2 norm of its gradients, taken in the same pass as the copy. Reduced, the norms
 bound every element of the reduced gradients, so the non-finite check reads one number
 instead of every gradient; only when that bound is not below
-:func:`hvdtrain.gradients.finite_bound_limit` does ``HvdtrainUnpackChecked`` read the
+:func:`hvdtrain.tally.finite_bound_limit` does ``HvdtrainUnpackChecked`` read the
 gradients to decide.
 
 The ops are built by ``setup.py`` when TensorFlow and a C++ compiler are there
@@ -28,7 +28,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from hvdtrain.gradients import finite_bound_limit
+from hvdtrain.tally import finite_bound_limit
 
 PACKED_DTYPES = ({"float32"}, {"float64"})
 
@@ -87,7 +87,7 @@ def unpack(flat: Any, shapes: Sequence[Any], step: Any, *, check: bool,
         check: unless the reduced bound is below ``limit``, read the tensors, and fail
             with the message of the first that holds NaN or Inf (``{step}`` replaced).
         message: the error's text, or one text per tensor (naming it).
-        limit: :func:`hvdtrain.gradients.finite_bound_limit` of the reduction; None:
+        limit: :func:`hvdtrain.tally.finite_bound_limit` of the reduction; None:
             that of a sum without scaling (half the dtype's largest number).
 
     Returns:

@@ -7,21 +7,9 @@ constraints.txt); look here first when another Horovod breaks the adapter. On im
 :func:`require_private_apis` checks that each name below exists, so a Horovod without
 one fails with a message naming it instead of an AttributeError mid-training.
 
-``horovod.torch.optimizer._DistributedOptimizer`` (:mod:`.averaging`), whose methods
-are spliced into a subclass of the user's optimizer class (``distributed_class``:
-Horovod's methods call ``super(self.__class__, self)``, so its class cannot simply be
-subclassed) and called explicitly:
-
-- ``__init__(self, params, named_parameters, compression, backward_passes_per_step,
-  op, gradient_predivide_factor, groups, sparse_as_dense, process_set)``;
-- ``step``, ``synchronize``;
-- ``_make_hook(p)``, ``_allreduce_grad_async(p)``, ``_grouped_allreduce_grad_async(ps)``:
-  the per-tensor path (``overlap=True``, ``groups``), wrapped to count contributors;
-- the attributes ``_requires_update``, ``_handles``, ``_allreduce_delay``,
-  ``_synchronized``, ``_should_synchronize``, ``_parameter_names``, ``_compression``.
-
-``horovod.torch.elastic.TorchState._handlers`` (:mod:`.elastic`: the scheduler gets a
-handler of its own) and ``horovod.common.elastic.run_fn`` (the elastic loop, which
+The distributed optimizer uses Horovod's public collectives only (:mod:`.hooks`). The
+private APIs: ``horovod.torch.elastic.TorchState._handlers`` (:mod:`.elastic`: the
+warmup gets a handler of its own) and ``horovod.common.elastic.run_fn`` (the elastic loop, which
 ``hvt.elastic.run`` wraps with a bounded reset).
 """
 
@@ -37,18 +25,13 @@ import horovod.torch as hvd
 import torch
 from horovod.common import elastic as _common_elastic
 from horovod.torch import elastic as _torch_elastic
-from horovod.torch.optimizer import _DistributedOptimizer as HorovodOptimizer
 
 from hvdtrain import watchdog
 from hvdtrain.collective import Collective, HorovodCollective, ReduceOp, TensorCollective
-from hvdtrain.gradients import StepObservers, observers_of
+from hvdtrain.step_events import StepObservers, observers_of
 
 CHECKED_VERSION = "0.28.1"
 PRIVATE_APIS: dict[str, tuple[object, tuple[str, ...]]] = {
-    "horovod.torch.optimizer._DistributedOptimizer": (
-        HorovodOptimizer,
-        ("__init__", "step", "synchronize", "_make_hook", "_allreduce_grad_async",
-         "_grouped_allreduce_grad_async")),
     "horovod.common.elastic": (_common_elastic, ("run_fn",)),
     "horovod.torch.elastic": (_torch_elastic, ("TorchState", "ElasticSampler")),
 }
@@ -132,6 +115,13 @@ class TorchTensors:
                                     prescale_factor=prescale, postscale_factor=postscale,
                                     process_set=self.process_set)
 
+    def grouped_allreduce(self, tensors: list[torch.Tensor], name: str, *,
+                          op: ReduceOp = "sum") -> Any:
+        """Horovod's grouped allreduce of ``tensors`` in place (one negotiation for all of
+        them); :meth:`wait` gives the list of results."""
+        return hvd.grouped_allreduce_async_(tensors, name=name, op=_HOROVOD_OPS[op],
+                                            process_set=self.process_set)
+
     def reduce_scatter(self, rows: torch.Tensor, name: str, *, op: ReduceOp = "sum",
                        prescale: float = 1.0, postscale: float = 1.0) -> Any:
         return hvd.reducescatter_async(rows, name=name, op=_HOROVOD_OPS[op],
@@ -174,7 +164,7 @@ def allreduce_number(value: float, op: ReduceOp, name: str, process_set: hvd.Pro
 
 def observers_for(process_set: hvd.ProcessSet) -> StepObservers:
     """The core's step observers, when a reduction over ``process_set`` spans the job
-    (:func:`hvdtrain.gradients.observers_of`)."""
+    (:func:`hvdtrain.step_events.observers_of`)."""
     return observers_of(process_set.size(), hvd.size())
 
 

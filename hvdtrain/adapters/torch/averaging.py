@@ -1,53 +1,39 @@
-"""How :func:`.optimizer.DistributedOptimizer` averages and checks gradients:
-``CheckedAveraging``'s methods, set beside Horovod's optimizer methods on a subclass of
-the user's optimizer class (:func:`.layers.distributed_class`). Two paths: one flat
-allreduce per dtype after ``backward()`` (with :mod:`.tally`'s count and bound behind
-the gradients), or Horovod's per-tensor allreduces during it (``overlap``).
+"""How the distributed optimizer averages and checks gradients:
+:class:`GradientAveraging`, the class above :class:`.hooks.BackwardHooks`. Two paths:
+one flat allreduce per dtype after ``backward()`` (with :mod:`.tally`'s count and bound
+behind the gradients), or the per-tensor allreduces of :mod:`.hooks` (``overlap``). On
+both, the average is taken over the ranks still training after a ``join()``, and the
+result is checked for NaN and Inf and watched while it is awaited.
 
-It is the lowest of the optimizer's layers: :class:`.sharding.ShardedSteps` and
-:class:`.gradient_slices.SlicedGradients` build on it by overriding its hooks
-(``_build_layers``, ``_reduce_gradients``, ``_holds_gradient_slices``, ...), and it
-calls no method of theirs."""
+The ZeRO stages are its subclasses: :class:`.sharding.ShardedState` and
+:class:`.sharded_gradients.ShardedGradients` override its steps (``_build_state``,
+``_reduce_gradients``, ``_apply_averaged``, ...)."""
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
 from horovod.torch import Average, ProcessSet
 
 from hvdtrain import watchdog
+from hvdtrain.adapters.torch._horovod import observers_for
+from hvdtrain.adapters.torch.compression import bf16_allreduce_async
+from hvdtrain.adapters.torch.hooks import BackwardHooks
+from hvdtrain.adapters.torch.tally import flat_with_tally, split_tally
+from hvdtrain.collective import any_rank
+from hvdtrain.compression import wire_format
+from hvdtrain.nonfinite import NonFiniteGradientError, NonFinitePolicy, nonfinite_gradient_message
+from hvdtrain.tally import joined_rescale, some_ranks_joined
 
-# Horovod's optimizer class: its methods add the gradient hooks, fusion and
-# synchronize(); distributed_class builds on them.
-from hvdtrain.adapters.torch._horovod import HorovodOptimizer as _HorovodOptimizer
-from hvdtrain.adapters.torch._horovod import observers_for, tensors
-from hvdtrain.adapters.torch.compression import bf16_allreduce_async, horovod_compression
-from hvdtrain.adapters.torch.tally import flat_with_tally, read_tally
-from hvdtrain.gradients import (
-    NonFinitePolicy,
-    any_rank,
-    joined_rescale,
-    some_ranks_joined,
-    wire_format,
-)
-from hvdtrain.nonfinite import NonFiniteGradientError, nonfinite_gradient_message
-
-__all__ = ["CheckedAveraging"]
+__all__ = ["GradientAveraging"]
 
 
-class CheckedAveraging:
-    """hvdtrain's layer over Horovod's distributed optimizer: worker-averaged gradients
-    (of the micro-batches' sum, or of their mean when asked), checked for NaN/Inf and
-    watched while they are awaited, and averaged over the ranks still training after
-    a ``join()``.
-
-    Horovod's methods call ``super(self.__class__, self)``, so its optimizer cannot be
-    subclassed; instead these methods sit beside Horovod's in one class whose base is
-    the user's optimizer class (:func:`.layers.distributed_class`), and call Horovod's
-    explicitly, as the layers above call these.
-    """
+class GradientAveraging(BackwardHooks):
+    """Worker-averaged gradients (of the micro-batches' sum, or of their mean when
+    asked), checked for NaN/Inf and watched while they are awaited, and averaged over
+    the ranks still training after a ``join()``. Arguments as
+    :func:`.optimizer.DistributedOptimizer`'s."""
 
     def __init__(self, optimizer: torch.optim.Optimizer,
                  named_parameters: list[tuple[str, torch.Tensor]], *,
@@ -56,43 +42,47 @@ class CheckedAveraging:
                  groups: int | list[list[torch.Tensor]] | None,
                  skip_nonfinite: bool, check_nonfinite: bool, overlap: bool,
                  gradient_predivide_factor: float, sparse_as_dense: bool,
-                 process_set: ProcessSet, shard_state: bool = False,
-                 shard_gradients: bool = False) -> None:
-        self.overlap = overlap  # read by _make_hook, which Horovod's __init__ calls
-        _HorovodOptimizer.__init__(self, optimizer.param_groups, named_parameters,
-                                   horovod_compression(compression), backward_passes_per_step,
-                                   op, gradient_predivide_factor, groups, sparse_as_dense,
-                                   process_set)
-        self.defaults = optimizer.defaults  # Horovod rebuilds with the class's defaults
+                 process_set: ProcessSet) -> None:
+        super().__init__(optimizer, named_parameters, compression=compression,
+                         backward_passes_per_step=backward_passes_per_step, op=op,
+                         groups=groups, overlap=overlap,
+                         gradient_predivide_factor=gradient_predivide_factor,
+                         sparse_as_dense=sparse_as_dense, process_set=process_set)
         self.on_nonfinite = NonFinitePolicy.of(skip_nonfinite, check_nonfinite)
         self.average_aggregated_gradients = average_aggregated_gradients
         self.skipped_steps = 0
         self.steps_taken = 0
         self._wire = wire_format(compression)
-        self._tensors = tensors(self.process_set)
         self._reduce_op = "average" if op == Average else "sum"
         self._flat_gradients: list[tuple[torch.Tensor, list[torch.Tensor], bool]] = []
         self._contributors: Any = None  # this step's count of ranks, per-tensor path
         self._all_contributed = False  # whether every rank sent this step's gradients
-        self.shard_state = shard_state or shard_gradients
-        self.shard_gradients = shard_gradients
-        self._build_layers()
+        self._build_state()
         self.load_state_dict(optimizer.state_dict())  # keep state built before wrapping
 
-    def _build_layers(self) -> None:
-        """What the layers above build before the state is loaded (the shards of
-        :class:`.sharding.ShardedSteps`); nothing here."""
+    @property
+    def shard_state(self) -> bool:
+        """Whether each worker keeps a shard of the optimizer state (ZeRO stage 1)."""
+        return False
+
+    @property
+    def shard_gradients(self) -> bool:
+        """Whether each worker reduces only its shard of the gradients (ZeRO stage 2)."""
+        return False
+
+    def _build_state(self) -> None:
+        """What a subclass builds before the state is loaded (the shards of
+        :class:`.sharding.ShardedState`); nothing here."""
 
     def synchronize(self) -> None:
         """Finish the allreduce of every gradient; afterwards each holds the mean over
         all workers of the sum of its micro-batches (with ``backward_passes_per_step``
         > 1), or of their mean with ``average_aggregated_gradients``."""
-        # Horovod counts down backward passes per parameter; read them before it resets.
         if not self.process_set.included():  # nothing to average with (Horovod's meaning)
             self._synchronized = True
             return
         passes = {p: self.backward_passes_per_step - left
-                  for p, left in self._allreduce_delay.items()}
+                  for p, left in self._passes_left.items()}
         self._flat_gradients = []
         self._all_contributed = False
         divide = self.average_aggregated_gradients and self.backward_passes_per_step > 1
@@ -110,19 +100,19 @@ class CheckedAveraging:
 
     def _reduce_gradients(self, postscale: float, passes: dict[torch.Tensor, int] | None,
                           uniform: bool) -> None:
-        """Average the gradients over the workers: the flat allreduce, or Horovod's
-        per-tensor synchronize. ``postscale``: the factor the reduction applies (1 over
-        the passes when ``uniform``, every gradient having seen as many); ``passes``:
-        each gradient's backward passes, to divide by where the reduction did not (None:
-        no division)."""
+        """Average the gradients over the workers: the flat allreduce, or the per-tensor
+        allreduces of :class:`.hooks.BackwardHooks`. ``postscale``: the factor the
+        reduction applies (1 over the passes when ``uniform``, every gradient having
+        seen as many); ``passes``: each gradient's backward passes, to divide by where
+        the reduction did not (None: no division)."""
         if self._sends_flat():
             self._allreduce_flat(postscale)
             if uniform:
                 return
         else:
             with watchdog.guard(self._pending_allreduces):
-                try:  # Horovod's synchronize may start the count (gradients no hook sent)
-                    _HorovodOptimizer.synchronize(self)
+                try:  # the synchronize may start the count (gradients no hook sent)
+                    self._synchronize_per_tensor()
                 finally:  # a step that failed leaves no count behind for the next one
                     contributors, self._contributors = self._contributors, None
                 self._average_over_contributors(contributors)
@@ -158,34 +148,17 @@ class CheckedAveraging:
         return result
 
     def _apply_averaged(self, closure=None):
-        """The step itself, once the gradients are averaged and checked (with
-        ``shard_state=True``, :meth:`.sharding.ShardedSteps._apply_averaged`)."""
-        with self.skip_synchronize():
-            return _HorovodOptimizer.step(self, closure)
+        """The step itself, once the gradients are averaged and checked: the user's
+        optimizer's (with ``shard_state=True``, :meth:`.sharding.ShardedState._apply_averaged`)."""
+        self._synchronized = False
+        return super().step(closure)
 
     def _abandon_step(self) -> None:
         """Forget the step a failed collective interrupted (after an elastic reset): the
         backward passes it counted, the allreduces it started, its synchronize()."""
-        for parameter in self._allreduce_delay:
-            self._allreduce_delay[parameter] = self.backward_passes_per_step
-        self._handles.clear()
+        self._forget_started()
         self._contributors = None
         self._synchronized = False
-
-    def _synchronize_for_step(self) -> bool:
-        """What ``step()`` does first: synchronize unless the user already did (then warn
-        if they did so outside ``skip_synchronize()``). Returns whether it synchronized."""
-        synchronizes_here = self._should_synchronize and not self._synchronized
-        if self._should_synchronize:
-            if self._synchronized:
-                warnings.warn(
-                    "optimizer.step() called without optimizer.skip_synchronize() after "
-                    "optimizer.synchronize(): hvdtrain does not average again, but Horovod "
-                    "does; wrap step() in `with optimizer.skip_synchronize():`",
-                    stacklevel=3)
-            else:
-                self.synchronize()
-        return synchronizes_here
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip the averaged gradients by their global norm
@@ -201,9 +174,9 @@ class CheckedAveraging:
             [p for group in self.param_groups for p in group["params"] if p.grad is not None],
             max_norm, norm_type)
 
-    def _holds_gradient_slices(self) -> bool:
-        """Whether this worker's averaged gradients are its slices alone
-        (:class:`.gradient_slices.SlicedGradients`); not here."""
+    def _holds_gradient_shards(self) -> bool:
+        """Whether this worker's averaged gradients are its shards alone
+        (:class:`.sharded_gradients.ShardedGradients`); not here."""
         return False
 
     def _require_synchronized_for(self, what: str) -> None:
@@ -212,30 +185,12 @@ class CheckedAveraging:
                                "optimizer.synchronize() first, then step() inside "
                                "`with optimizer.skip_synchronize():`")
 
-    def _make_hook(self, parameter: torch.Tensor):
-        """Horovod's hook (start the allreduce when the gradient is ready) with overlap;
-        without, a hook that only counts the backward passes."""
-        if self.overlap:
-            return _HorovodOptimizer._make_hook(self, parameter)
-
-        def count_pass(*_) -> None:
-            if self._allreduce_delay[parameter] <= 0:
-                raise RuntimeError(
-                    f"the gradient of {self._parameter_names.get(parameter, '<unnamed>')!r} "
-                    f"was computed more than backward_passes_per_step="
-                    f"{self.backward_passes_per_step} times before step(); raise "
-                    "backward_passes_per_step to accumulate more micro-batches")
-            self._allreduce_delay[parameter] -= 1
-
-        return count_pass
-
     def _sends_flat(self) -> bool:
         """Whether this step's gradients go in one flat allreduce per dtype (no overlap, a
         group of workers, dense gradients, a format Horovod reduces) rather than through
         Horovod's per-tensor synchronize."""
-        return (not self.overlap and self._wire.reduced_natively and bool(self._requires_update)
-                and not any(p.grad is not None and p.grad.is_sparse
-                            for p in self._requires_update))
+        return (not self.overlap and self._wire.reduced_natively and bool(self._trained)
+                and not any(p.grad is not None and p.grad.is_sparse for p in self._trained))
 
     def _allreduce_flat(self, postscale: float) -> None:
         """Average the gradients in one allreduce per dtype and device, each on one
@@ -243,13 +198,10 @@ class CheckedAveraging:
         fusion buffer); afterwards every gradient is a view into its copy, and the
         non-finite check reads the copies (:meth:`_first_nonfinite_gradient`)."""
         by_kind: dict[tuple, list[torch.Tensor]] = {}
-        for group in self.param_groups:
-            for parameter in group["params"]:
-                if parameter in self._requires_update:
-                    if parameter.grad is None:  # another rank may have computed it
-                        parameter.grad = torch.zeros_like(parameter)
-                    by_kind.setdefault((parameter.dtype, parameter.device), []).append(
-                        parameter)
+        for parameter in self._trained:
+            if parameter.grad is None:  # another rank may have computed it
+                parameter.grad = torch.zeros_like(parameter)
+            by_kind.setdefault((parameter.dtype, parameter.device), []).append(parameter)
         # Horovod's own split of an average (see its _allreduce_grad_async).
         predivide = self.gradient_predivide_factor if self.op == Average else 1.0
         pending = []
@@ -268,7 +220,7 @@ class CheckedAveraging:
                 averaged = self._compression.decompress(self._tensors.wait(handle), context)
                 if averaged is not flat:
                     flat.copy_(averaged)
-                gradients, contributors, finite = read_tally(
+                gradients, contributors, finite = split_tally(
                     flat, unit, prescale=1.0 / predivide, largest=self._wire_largest(dtype))
                 self._rescale_after_join(gradients, contributors)
                 offset = 0
@@ -279,13 +231,6 @@ class CheckedAveraging:
                 self._flat_gradients.append((gradients, parameters, finite))
         self._finish_synchronize()
 
-    def _finish_synchronize(self) -> None:
-        """After the flat reduction: the next step counts its backward passes anew."""
-        for parameter in self._allreduce_delay:
-            self._allreduce_delay[parameter] = self.backward_passes_per_step
-        self._handles.clear()
-        self._synchronized = True
-
     def _pack(self, gradients: list[torch.Tensor], dtype: torch.dtype,
               device: torch.device) -> torch.Tensor:
         """One buffer of ``gradients`` and their tally (:func:`.tally.flat_with_tally`),
@@ -294,16 +239,16 @@ class CheckedAveraging:
 
     def _wire_largest(self, dtype: torch.dtype) -> float:
         """The largest finite number the gradients of ``dtype`` take on the wire (the
-        limit of the bound's proof: :func:`hvdtrain.gradients.finite_bound_limit`)."""
+        limit of the bound's proof: :func:`hvdtrain.tally.finite_bound_limit`)."""
         return self._wire.largest_for(torch.finfo(dtype).max)
 
     def _pending_allreduces(self) -> str:
-        return self._describe_allreduce([p for key in list(self._handles)
+        return self._describe_allreduce([p for key in list(self._started)
                                          for p in (key if isinstance(key, tuple) else (key,))])
 
     def _describe_allreduce(self, parameters: list[torch.Tensor]) -> str:
         """What the watchdog reports when the allreduce of ``parameters`` hangs."""
-        names = [f"allreduce.{self._parameter_names.get(p, '<unnamed>')}" for p in parameters]
+        names = [f"allreduce.{self.name_of(p)}" for p in parameters]
         shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
         return f"the gradient allreduce of step {self.steps_taken} ({shown})"
 
@@ -325,7 +270,7 @@ class CheckedAveraging:
             return None
         for parameter in parameters:
             if not bool(torch.isfinite(parameter.grad).all()):
-                return self._parameter_names.get(parameter, "<unnamed>")
+                return self.name_of(parameter)
         return None
 
     def _bound_proves_finite(self) -> bool:
@@ -346,16 +291,20 @@ class CheckedAveraging:
             buffers.append(flat)
         return buffers
 
-    def _allreduce_grad_async(self, parameter):
+    def _allreduce_grad_async(self, parameter: torch.Tensor) -> tuple[Any, Any]:
+        """The per-tensor allreduce, counting the contributors with the first; bf16
+        through the allgather on a Horovod without the bfloat16 patch."""
         if self._wire.reduced_natively or parameter.grad is None or parameter.grad.is_sparse:
             self._count_contributors()
-            return _HorovodOptimizer._allreduce_grad_async(self, parameter)
-        return bf16_allreduce_async(parameter.grad, self._parameter_names.get(parameter),
-                                     self._reduce_op, self._tensors), None
+            return super()._allreduce_grad_async(parameter)
+        return bf16_allreduce_async(parameter.grad, self.name_of(parameter),
+                                    self._reduce_op, self._tensors), None
 
-    def _grouped_allreduce_grad_async(self, parameters):
+    def _grouped_allreduce_grad_async(self, group: tuple[torch.Tensor, ...]
+                                      ) -> tuple[Any, Any]:
+        """The grouped allreduce, counting the contributors with the first."""
         self._count_contributors()
-        return _HorovodOptimizer._grouped_allreduce_grad_async(self, parameters)
+        return super()._grouped_allreduce_grad_async(group)
 
     def _count_contributors(self) -> None:
         """With the step's first per-tensor allreduce, start one of this rank's 1 (a
@@ -370,14 +319,13 @@ class CheckedAveraging:
         does. ``handle``: this step's count (:meth:`_count_contributors`), or None."""
         if handle is None:
             return
-        dense = [p.grad for p in self._requires_update
-                 if p.grad is not None and not p.grad.is_sparse]
+        dense = [p.grad for p in self._trained if p.grad is not None and not p.grad.is_sparse]
         self._rescale_after_join(dense, round(self._tensors.wait(handle).item()))
 
     def _rescale_after_join(self, gradients: torch.Tensor | list[torch.Tensor],
                             contributors: int) -> None:
         """Turn ``gradients``, averaged over every rank, into their average over the
-        ``contributors`` (:func:`hvdtrain.gradients.joined_rescale`), in place, when
+        ``contributors`` (:func:`hvdtrain.tally.joined_rescale`), in place, when
         some ranks had joined; remember whether all contributed."""
         size = self.process_set.size()
         self._all_contributed = not some_ranks_joined(contributors, size)
@@ -389,7 +337,7 @@ class CheckedAveraging:
 
     def _on_any_rank(self, condition: bool) -> bool:
         """True on every rank of the process set when ``condition`` holds on at least
-        one (:func:`hvdtrain.gradients.any_rank`); a rank outside the set decides
+        one (:func:`hvdtrain.collective.any_rank`); a rank outside the set decides
         alone."""
         if not self.process_set.included():
             return condition

@@ -10,7 +10,7 @@ import torch
 from horovod.torch import Compression
 
 from hvdtrain.collective import ReduceOp, TensorCollective
-from hvdtrain.gradients import wire_format
+from hvdtrain.compression import wire_format
 from hvdtrain.validation import require_compression
 
 

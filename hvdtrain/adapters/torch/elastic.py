@@ -36,7 +36,6 @@ Example (``examples/torch_elastic.py`` is a whole one)::
 from __future__ import annotations
 
 import copy
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -50,7 +49,6 @@ from hvdtrain import step_timing
 from hvdtrain.adapters.torch.replicas import broadcast_tree
 from hvdtrain.adapters.torch.scheduler import LinearScalingWarmup
 from hvdtrain.adapters.torch.sharding import is_sharded
-from hvdtrain.deprecation import renamed_keyword
 from hvdtrain.elastic import bounded_reset
 from hvdtrain.trees import map_leaves
 from hvdtrain.validation import require_instance
@@ -93,7 +91,6 @@ class TorchState(_HorovodTorchState):
             given rank 0's progress and the new world size
             (:meth:`~hvdtrain.adapters.torch.LinearScalingWarmup.set_world_size`), so
             the rate follows the rule for the new k at the same point in epochs.
-            ``scheduler=`` is its old name, still taken with a DeprecationWarning.
         sampler: an :class:`ElasticSampler` (Horovod's): on a reset it shares what is
             left of the epoch among the new set of workers. Call its
             ``record_batch(batch, batch_size)`` after each step.
@@ -107,9 +104,7 @@ class TorchState(_HorovodTorchState):
     def __init__(self, model: torch.nn.Module | None = None,
                  optimizer: torch.optim.Optimizer | None = None, *,
                  warmup: LinearScalingWarmup | None = None,
-                 sampler: ElasticSampler | None = None,
-                 scheduler: LinearScalingWarmup | None = None, **extras: Any) -> None:
-        warmup = renamed_keyword("TorchState", "scheduler", "warmup", scheduler, warmup)
+                 sampler: ElasticSampler | None = None, **extras: Any) -> None:
         if warmup is not None:
             require_instance("warmup", warmup, LinearScalingWarmup,
                              "an hvdtrain LinearScalingWarmup")
@@ -133,13 +128,6 @@ class TorchState(_HorovodTorchState):
             # broadcast state carries rank 0's rates) and sets the rates last.
             self._handlers["warmup"] = _WarmupHandler(warmup)
             self.warmup = warmup
-
-    @property
-    def scheduler(self) -> LinearScalingWarmup:
-        """The old name of :attr:`warmup` (deprecated)."""
-        warnings.warn("TorchState.scheduler is now TorchState.warmup; the old name will be "
-                      "removed", DeprecationWarning, stacklevel=2)
-        return self.warmup
 
 
 class _WarmupHandler:
@@ -175,7 +163,7 @@ class _ShardedOptimizerHandler:
     A commit keeps the whole state, gathered from every worker's slice, in host memory:
     after a worker is lost its slice exists nowhere else. ``sync()`` (after every reset)
     gives every worker rank 0's committed state and re-shards it for the workers there
-    are now (:meth:`.sharding.ShardedSteps.reshard`).
+    are now (:meth:`.sharding.ShardedState.reshard`).
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:

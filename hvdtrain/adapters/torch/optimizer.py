@@ -1,8 +1,12 @@
 """``DistributedOptimizer``: Horovod's gradient averaging for any torch optimizer, with
 hvdtrain's additions (averaging over micro-batches, bf16 on the wire, the start-time
 agreement check of :mod:`.consistency`, the non-finite check, the collective watchdog).
-This module checks the arguments and builds the optimizer; :mod:`.averaging` is how it
-averages and checks the gradients."""
+This module checks the arguments and builds the optimizer, an instance of a subclass of
+the user's optimizer class whose behaviour comes from one of hvdtrain's classes, read
+top-down: :class:`.hooks.BackwardHooks` (the per-gradient hooks over Horovod's
+collectives) → :class:`.averaging.GradientAveraging` (the averaged, checked step) →
+:class:`.sharding.ShardedState` (``shard_state``, ZeRO stage 1) →
+:class:`.sharded_gradients.ShardedGradients` (``shard_gradients``, stage 2)."""
 
 from __future__ import annotations
 
@@ -15,13 +19,14 @@ import torch
 from horovod.torch import Adasum, Average, ProcessSet, Sum, global_process_set
 
 from hvdtrain.adapters.torch._horovod import collective
+from hvdtrain.adapters.torch.averaging import GradientAveraging
 from hvdtrain.adapters.torch.compression import compression_name, horovod_compression
 from hvdtrain.adapters.torch.consistency import check_start_agreement, named_parameters_of
-from hvdtrain.adapters.torch.layers import distributed_class
-from hvdtrain.adapters.torch.sharding import require_elementwise
+from hvdtrain.adapters.torch.sharded_gradients import ShardedGradients
+from hvdtrain.adapters.torch.sharding import ShardedState, require_elementwise
 from hvdtrain.collective import require_initialized
+from hvdtrain.compression import require_bfloat16_reduction, wire_format
 from hvdtrain.consistency import software_versions
-from hvdtrain.gradients import require_bfloat16_reduction, wire_format
 from hvdtrain.nonfinite import NonFiniteGradientError
 from hvdtrain.runtime import elastic_job
 from hvdtrain.validation import (
@@ -201,6 +206,7 @@ def DistributedOptimizer(
         warnings.warn("num_groups is Horovod's deprecated spelling of groups; pass "
                       f"groups={num_groups} instead", DeprecationWarning, stacklevel=2)
         groups = num_groups if groups is None else groups
+    _require_groups(groups)
 
     if overlap is None:
         overlap = not shard_gradients and (groups is not None or bf16_gathered or any(
@@ -234,7 +240,25 @@ def DistributedOptimizer(
         average_aggregated_gradients=average_aggregated_gradients, op=op, groups=groups,
         skip_nonfinite=skip_nonfinite, check_nonfinite=check_nonfinite, overlap=overlap,
         gradient_predivide_factor=gradient_predivide_factor, sparse_as_dense=sparse_as_dense,
-        process_set=process_set, shard_state=shard_state, shard_gradients=shard_gradients)
+        process_set=process_set)
+
+
+def averaging_class(shard_state: bool = False, shard_gradients: bool = False
+                    ) -> type[GradientAveraging]:
+    """hvdtrain's class for these settings (``shard_gradients`` implies ``shard_state``)."""
+    if shard_gradients:
+        return ShardedGradients
+    return ShardedState if shard_state else GradientAveraging
+
+
+def distributed_class(base: type[torch.optim.Optimizer], shard_state: bool = False,
+                      shard_gradients: bool = False) -> type:
+    """The class of the distributed optimizer over ``base`` (the user's optimizer
+    class): hvdtrain's :func:`averaging_class` first, then ``base``, so that the
+    averaged step ends in ``base``'s own step. It defines nothing itself."""
+    return type(base.__name__, (averaging_class(shard_state, shard_gradients), base),
+                {"__doc__": f"{base.__name__} with gradients averaged over Horovod workers.",
+                 "__module__": base.__module__})
 
 
 def _require_shardable(optimizer: torch.optim.Optimizer, *, op) -> None:
@@ -243,3 +267,26 @@ def _require_shardable(optimizer: torch.optim.Optimizer, *, op) -> None:
     if op == Adasum:
         raise ValueError("shard_state=True cannot be combined with op=hvt.Adasum: Adasum "
                          "combines whole gradients in its own optimizer; drop one of them")
+
+
+def _require_groups(groups: int | list[list[torch.Tensor]] | None) -> None:
+    """Raise ValueError, saying what is wrong, unless ``groups`` is None, a positive
+    number of groups, or lists of parameters in which each parameter appears once."""
+    if groups is None or (isinstance(groups, int) and not isinstance(groups, bool)
+                          and groups > 0):
+        return
+    if not isinstance(groups, list) or not all(isinstance(group, list | tuple)
+                                               for group in groups):
+        raise ValueError(f"groups must be a positive number of groups or a list of lists of "
+                         f"parameters, got {groups!r}")
+    seen: set[int] = set()
+    for group in groups:
+        for parameter in group:
+            if not isinstance(parameter, torch.Tensor):
+                raise ValueError(f"groups must hold parameters (torch.Tensor), got "
+                                 f"{type(parameter).__name__}")
+            if id(parameter) in seen:
+                raise ValueError("a parameter appears in more than one of groups' lists (or "
+                                 "twice in one); give each parameter one group")
+            seen.add(id(parameter))
+

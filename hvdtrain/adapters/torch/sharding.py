@@ -18,27 +18,27 @@ reduce-scatter and the sharing). Horovod 0.28.1's reduce-scatter is fast only wi
 hvdtrain's patches ``0007-gloo-ring-reducescatter`` and ``0008-mpi-ring-reducescatter``
 (benchmarks/README.md, benchmark 7).
 
-The reduce-scatter of ``shard_gradients`` is :mod:`.gradient_slices`'.
-``ShardedSteps``' methods replace :class:`.averaging.CheckedAveraging`'s in the class
-that :func:`.layers.distributed_class` builds with ``shard_state=True``.
+:class:`ShardedState` is the subclass of :class:`.averaging.GradientAveraging` that
+``shard_state=True`` picks; the reduce-scatter of ``shard_gradients`` is its subclass
+:class:`.sharded_gradients.ShardedGradients`.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from horovod.common.exceptions import HorovodInternalError
 
 from hvdtrain import allocator, watchdog
-from hvdtrain.adapters.torch._horovod import HorovodOptimizer
+from hvdtrain.adapters.torch.averaging import GradientAveraging
 from hvdtrain.collective import TensorCollective
 from hvdtrain.sharding import ShardLayout
 
-__all__ = ["ELEMENTWISE_OPTIMIZERS", "ParameterShard", "ShardedSteps", "explaining_join",
+__all__ = ["ELEMENTWISE_OPTIMIZERS", "ParameterShard", "ShardedState", "explaining_join",
            "is_sharded", "require_elementwise"]
 
 # Optimizers whose update of an element reads only that element's gradient and state,
@@ -101,7 +101,7 @@ class ParameterShard:
             parameter.data = view
         self.shard = torch.nn.Parameter(self.buffer[layout.start:layout.end])
 
-    def keep_linked(self, names: dict[torch.Tensor, str]) -> None:
+    def keep_linked(self, name_of: Callable[[torch.Tensor], str]) -> None:
         """Put back into the buffer, value kept, any parameter whose ``data`` was replaced
         (``p.data = ...``, ``load_state_dict(assign=True)``); refuse one whose shape,
         dtype or device changed, which the buffer cannot follow."""
@@ -111,7 +111,7 @@ class ParameterShard:
             if (parameter.shape, parameter.dtype, parameter.device) != (
                     view.shape, view.dtype, view.device):
                 raise RuntimeError(
-                    f"parameter {names.get(parameter, '<unnamed>')!r} changed from "
+                    f"parameter {name_of(parameter)!r} changed from "
                     f"{tuple(view.shape)} {view.dtype} on {view.device} to "
                     f"{tuple(parameter.shape)} {parameter.dtype} on {parameter.device} after "
                     "DistributedOptimizer(shard_state=True) was made, but its sharded buffer "
@@ -201,17 +201,23 @@ def _end_to_end(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
     return first.as_strided((sum(t.numel() for t in tensors),), (1,))
 
 
-class ShardedSteps:
-    """The distributed optimizer's methods with ``shard_state=True`` (see the module), a
-    layer over :class:`.averaging.CheckedAveraging` (:mod:`.layers`)."""
+class ShardedState(GradientAveraging):
+    """The distributed optimizer with ``shard_state=True`` (ZeRO stage 1; see the
+    module): the gradients averaged as by :class:`.averaging.GradientAveraging`, then
+    each worker steps its shard and shares it."""
 
-    def _build_layers(self) -> None:
+    @property
+    def shard_state(self) -> bool:
+        """Whether each worker keeps a shard of the optimizer state: here, yes."""
+        return True
+
+    def _build_state(self) -> None:
         """The shards, before the state is loaded into them."""
         self._build_shards()
 
-    def _require_averaged_slices(self) -> None:
+    def _require_averaged_shards(self) -> None:
         """Nothing to check where every worker holds the whole averaged gradients (with
-        ``shard_gradients``, :class:`.gradient_slices.SlicedGradients` checks its slices)."""
+        ``shard_gradients``, :class:`.sharded_gradients.ShardedGradients` checks its shards)."""
 
     def _build_shards(self) -> None:
         """One :class:`ParameterShard` per param group (None for a group with nothing to
@@ -247,7 +253,7 @@ class ShardedSteps:
             raise NotImplementedError(
                 "add_param_group after DistributedOptimizer(shard_state=True) is made: the "
                 "shards are fixed; give every param group to the optimizer before wrapping it")
-        super(self.__class__, self).add_param_group(param_group)
+        super().add_param_group(param_group)
 
     def _apply_averaged(self, closure=None):
         """Step this worker's slice of every param group with its slice of the state,
@@ -262,19 +268,18 @@ class ShardedSteps:
                 "the optimizer state is sharded for another number of workers than there "
                 f"are now ({world}): an elastic reset happened without re-sharding it; keep "
                 "the optimizer in hvdtrain.adapters.torch.elastic.TorchState, which does")
-        sliced = self._holds_gradient_slices()
+        sliced = self._holds_gradient_shards()
         if sliced:
-            self._require_averaged_slices()
+            self._require_averaged_shards()
         groups = [group["params"] for group in self.param_groups]
         for group, shard in zip(self.param_groups, self._shards, strict=True):
             if shard is not None:
-                shard.keep_linked(self._parameter_names)
+                shard.keep_linked(self.name_of)
                 if not sliced:
                     shard.shard.grad = shard.gradient_slice()
             group["params"] = [shard.shard] if shard is not None and shard.shard.numel() else []
         try:
-            with self.skip_synchronize():
-                result = HorovodOptimizer.step(self, closure)
+            result = super()._apply_averaged(closure)
         finally:
             for group, params, shard in zip(self.param_groups, groups, self._shards,
                                             strict=True):
@@ -297,7 +302,7 @@ class ShardedSteps:
         itself when a worker has called ``join()`` (its broadcast and reduce-scatter
         refuse cleanly), so it is used only when this step's reduction counted every
         worker, as the reduce-scatter of ``shard_gradients`` always has."""
-        gather = self._holds_gradient_slices() or self._all_contributed
+        gather = self._holds_gradient_shards() or self._all_contributed
         gathers, broadcasts = [], []
         for index, shard in enumerate(self._shards):
             if shard is None:
@@ -321,7 +326,7 @@ class ShardedSteps:
         it is one all-gather per state tensor."""
         sharded_state, self.state = self.state, defaultdict(dict)
         try:
-            whole = torch.optim.Optimizer.state_dict(self)  # the param groups, no state
+            whole = super().state_dict()  # the param groups, no state
         finally:
             self.state = sharded_state
         index = {p: i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}

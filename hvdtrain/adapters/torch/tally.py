@@ -1,6 +1,6 @@
 """The tally that rides behind the gradients in the torch optimizer's flat allreduce
 (and behind each worker's slice of them in the reduce-scatter of ``shard_gradients``),
-written and read as :mod:`hvdtrain.gradients` lays it out: each rank's 1, then the L2
+written and read as :mod:`hvdtrain.tally` lays it out: each rank's 1, then the L2
 norm of its gradients, so the non-finite check reads one number instead of every
 gradient.
 """
@@ -11,9 +11,9 @@ import math
 
 import torch
 
-from hvdtrain import gradients as rules
-from hvdtrain.gradients import TALLY
+from hvdtrain import tally as rules
 from hvdtrain.sharding import ShardLayout
+from hvdtrain.tally import TALLY
 
 try:  # built by setup.py when a C compiler is there
     from hvdtrain import _packing
@@ -63,7 +63,7 @@ def rows_with_tally(gradients: list[torch.Tensor], layout: ShardLayout, *, bound
     row per worker (the last ones padded with zeros), each row followed by the tally: 1,
     then the L2 norm of all the gradients (or, without ``bound``, infinity). A
     reduce-scatter of the rows leaves each worker its slice with the tally reduced
-    over the workers, which :func:`read_tally` reads as after the allreduce.
+    over the workers, which :func:`split_tally` reads as after the allreduce.
 
     Args:
         gradients: one tensor per size of ``layout.sizes``, all of one dtype and device.
@@ -115,9 +115,10 @@ def write_bound(gradients: torch.Tensor, out: torch.Tensor) -> None:
     out.sqrt_()
 
 
-def read_tally(flat: torch.Tensor, unit: float, prescale: float,
-               largest: float | None = None) -> tuple[torch.Tensor, int, bool]:
-    """Read a reduced buffer of :func:`flat_with_tally` (:func:`hvdtrain.gradients.read_tally`).
+def split_tally(flat: torch.Tensor, unit: float, prescale: float,
+                largest: float | None = None) -> tuple[torch.Tensor, int, bool]:
+    """Split a reduced buffer of :func:`flat_with_tally` into the gradients and what its
+    tally says (:func:`hvdtrain.tally.read_tally`).
 
     Args:
         flat: the buffer after the allreduce.

@@ -1,17 +1,17 @@
 """ZeRO stage 2 for :func:`.optimizer.DistributedOptimizer` (``shard_gradients=True``):
 the gradients reduce-scattered, so that each worker receives the average of its own
-slice of every param group (:class:`.sharding.ParameterShard`) and nothing else.
+shard of every param group (:class:`.sharding.ParameterShard`) and nothing else.
 
-``synchronize()`` lays the gradients out as the workers' slices, each with the tally
+``synchronize()`` lays the gradients out as the workers' shards, each with the tally
 of the flat allreduce behind it (:func:`.tally.rows_with_tally`), reduce-scatters them,
 and fills the parameters' gradients with NaN, since they no longer hold the average.
 ``step()`` then refuses gradients changed since (torch's ``clip_grad_norm_``,
-``GradScaler.unscale_``); clipping and the non-finite check work on the slices.
-Stage 1, stepping the slices and sharing them back, is :mod:`.sharding`'s.
+``GradScaler.unscale_``); clipping and the non-finite check work on the shards.
+Stage 1, stepping the shards and sharing them back, is :mod:`.sharding`'s.
 
-``SlicedGradients`` is the layer over :class:`.sharding.ShardedSteps` in the class that
-:func:`.layers.distributed_class` builds with ``shard_gradients=True``. A worker outside
-the process set keeps its own whole gradients, and the layers below handle it.
+:class:`ShardedGradients` is the subclass of :class:`.sharding.ShardedState` that
+``shard_gradients=True`` picks. A worker outside the process set keeps its own whole
+gradients, and the classes it builds on handle it.
 """
 
 from __future__ import annotations
@@ -23,25 +23,30 @@ import torch
 
 from hvdtrain import watchdog
 from hvdtrain.adapters.torch._horovod import allreduce_number
-from hvdtrain.adapters.torch.averaging import CheckedAveraging
-from hvdtrain.adapters.torch.sharding import explaining_join
-from hvdtrain.adapters.torch.tally import read_tally, rows_with_tally
+from hvdtrain.adapters.torch.sharding import ShardedState, explaining_join
+from hvdtrain.adapters.torch.tally import rows_with_tally, split_tally
 
-__all__ = ["SlicedGradients"]
+__all__ = ["ShardedGradients"]
 
 
-class SlicedGradients:
-    """The distributed optimizer's methods for ``shard_gradients=True`` (see the module)."""
+class ShardedGradients(ShardedState):
+    """The distributed optimizer with ``shard_gradients=True`` (ZeRO stage 2; see the
+    module)."""
 
-    def _holds_gradient_slices(self) -> bool:
-        """Whether this worker's averaged gradients are its slices alone: when it is in
+    @property
+    def shard_gradients(self) -> bool:
+        """Whether each worker reduces only its shard of the gradients: here, yes."""
+        return True
+
+    def _holds_gradient_shards(self) -> bool:
+        """Whether this worker's averaged gradients are its shards alone: when it is in
         the process set."""
         return self.process_set.included()
 
     def _reduce_gradients(self, postscale: float, passes: dict[torch.Tensor, int] | None,
                           uniform: bool) -> None:
         """The reduce-scatter instead of the allreduce (arguments as
-        :meth:`.averaging.CheckedAveraging._reduce_gradients`')."""
+        :meth:`.averaging.GradientAveraging._reduce_gradients`')."""
         self._reduce_scatter_gradients(postscale, None if uniform else passes)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
@@ -53,17 +58,17 @@ class SlicedGradients:
         Returns:
             The norm before clipping.
         """
-        if not self._holds_gradient_slices():
-            return CheckedAveraging.clip_grad_norm_(self, max_norm, norm_type)
+        if not self._holds_gradient_shards():
+            return super().clip_grad_norm_(max_norm, norm_type)
         self._require_synchronized_for("clip_grad_norm_")
-        return self._clip_slices(max_norm, norm_type)
+        return self._clip_shards(max_norm, norm_type)
 
     def _first_nonfinite_gradient(self) -> str | None:
         """The name of the first parameter whose averaged gradient is not finite in any
         worker's slice."""
-        if not self._holds_gradient_slices():
-            return CheckedAveraging._first_nonfinite_gradient(self)
-        return self._first_nonfinite_in_slices()
+        if not self._holds_gradient_shards():
+            return super()._first_nonfinite_gradient()
+        return self._first_nonfinite_in_shards()
 
     def _reduce_scatter_gradients(self, postscale: float, passes: dict | None) -> None:
         """``shard_gradients``: reduce-scatter each param group's gradients (and the
@@ -85,7 +90,7 @@ class SlicedGradients:
                     parameter.grad = torch.zeros_like(parameter)
                 elif parameter.grad.is_sparse:
                     raise ValueError(
-                        f"the gradient of {self._parameter_names.get(parameter, '<unnamed>')!r} "
+                        f"the gradient of {self.name_of(parameter)!r} "
                         "is sparse, but shard_gradients=True reduce-scatters dense gradients; "
                         "make the layer dense (nn.Embedding(sparse=False)) or drop "
                         "shard_gradients")
@@ -103,7 +108,7 @@ class SlicedGradients:
                 explaining_join():
             for shard, context, handle in pending:
                 row = self._compression.decompress(self._tensors.wait(handle), context)
-                gradients, contributors, finite = read_tally(
+                gradients, contributors, finite = split_tally(
                     row.reshape(-1), unit, prescale=1.0 / predivide,
                     largest=self._wire_largest(row.dtype))
                 self._rescale_after_join(gradients, contributors)
@@ -114,7 +119,7 @@ class SlicedGradients:
                                   for parameter in shard.parameters}
         self._finish_synchronize()
 
-    def _require_averaged_slices(self) -> None:
+    def _require_averaged_shards(self) -> None:
         """``shard_gradients``: raise unless this step's gradients were reduce-scattered
         and none changed since, as torch's ``clip_grad_norm_`` or
         ``GradScaler.unscale_`` would change them: each worker holds only its slice of
@@ -126,7 +131,7 @@ class SlicedGradients:
         for parameter, (gradient, version) in self._filled_gradients.items():
             if parameter.grad is not gradient or gradient._version != version:
                 raise RuntimeError(
-                    f"the gradient of {self._parameter_names.get(parameter, '<unnamed>')!r} "
+                    f"the gradient of {self.name_of(parameter)!r} "
                     "changed after synchronize(), but with shard_gradients=True each worker "
                     "holds only its slice of the averaged gradients (p.grad holds NaN), so "
                     "whatever changed it (torch.nn.utils.clip_grad_norm_, "
@@ -134,7 +139,7 @@ class SlicedGradients:
                     "with optimizer.clip_grad_norm_(max_norm), which takes the norm over "
                     "every worker's slice, or drop shard_gradients")
 
-    def _first_nonfinite_in_slices(self) -> str | None:
+    def _first_nonfinite_in_shards(self) -> str | None:
         """``shard_gradients``: the name of the first parameter, in the order of the param
         groups, with a NaN or Inf in any worker's slice of its averaged gradient (one
         scalar allreduce, so every worker names the same one). Only on a worker in the
@@ -157,9 +162,9 @@ class SlicedGradients:
         if not math.isfinite(found):
             return None
         parameters = [p for shard in self._shards if shard is not None for p in shard.parameters]
-        return self._parameter_names.get(parameters[int(found)], "<unnamed>")
+        return self.name_of(parameters[int(found)])
 
-    def _clip_slices(self, max_norm: float, norm_type: float) -> torch.Tensor:
+    def _clip_shards(self, max_norm: float, norm_type: float) -> torch.Tensor:
         """``shard_gradients``: clip every worker's slice of the averaged gradients by
         their norm over all the slices (one scalar allreduce), as
         ``torch.nn.utils.clip_grad_norm_`` clips whole gradients. Returns that norm. Only
