@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from hvdtrain import watchdog
-from hvdtrain.collective import gather, on_rank0_for_all, require_initialized
+from hvdtrain.collective import any_rank, gather, on_rank0_for_all, require_initialized
 from hvdtrain.consistency import RankDisagreementError, check_ranks_agree
 from hvdtrain.metrics import average_over_ranks
 from hvdtrain.replicas import ReplicaMismatchError, checksums, verify_checksums
@@ -114,3 +114,26 @@ def test_average_over_ranks_weights_by_examples_when_given():
     group = ScriptedGroup(others=[({"loss": 3.0}, {"loss": 3})])
     assert average_over_ranks(group, {"loss": 1.0}, {"loss": 1}) == {"loss": 2.5}
     assert group.names == ["hvdtrain.metrics"]
+
+
+class OtherRanks:
+    """The part of a TensorCollective the vote uses, for one process: the sum adds the
+    flags of the other ranks given. The adapters' own tensors() are checked on real
+    ranks (test_torch_optimizer.py, test_keras_optimizer.py, test_numpy.py)."""
+
+    def __init__(self, *flags: float) -> None:
+        self.flags = flags
+
+    def allreduce(self, tensor, name, *, op="sum", prescale=1.0, postscale=1.0):
+        assert op == "sum" and name == "vote"
+        return tensor + sum(self.flags)
+
+    def wait(self, handle):
+        return handle
+
+
+def test_the_vote_is_any_rank():
+    assert any_rank(np.array([1.0]), OtherRanks(0.0), "vote").tolist() == [True]
+    assert any_rank(np.array([0.0]), OtherRanks(0.0, 0.0), "vote").tolist() == [False]
+    # another rank raised its flag
+    assert any_rank(np.array([0.0]), OtherRanks(0.0, 1.0), "vote").tolist() == [True]

@@ -1,8 +1,12 @@
-"""hvdtrain.nonfinite: the one message every adapter gives for a non-finite gradient."""
+"""hvdtrain.nonfinite: the policy every adapter follows for a non-finite gradient, and
+the one message it gives."""
+
+import pytest
 
 from hvdtrain.nonfinite import (
     PLAIN_REMEDY,
     NonFiniteGradientError,
+    NonFinitePolicy,
     nonfinite_gradient_message,
 )
 
@@ -22,3 +26,13 @@ def test_without_a_parameter_or_a_skip_option_the_message_says_less():
 
 def test_the_error_is_a_floating_point_error():
     assert issubclass(NonFiniteGradientError, FloatingPointError)
+
+
+@pytest.mark.parametrize(("skip", "check", "policy"), [
+    (True, True, NonFinitePolicy.SKIP), (True, False, NonFinitePolicy.SKIP),
+    (False, True, NonFinitePolicy.RAISE), (False, False, NonFinitePolicy.IGNORE)])
+def test_the_two_arguments_make_one_policy(skip, check, policy):
+    assert NonFinitePolicy.of(skip, check) is policy
+    assert policy.checks is (policy is not NonFinitePolicy.IGNORE)
+    assert policy.skips is (policy is NonFinitePolicy.SKIP)
+    assert NonFinitePolicy(policy.value) is policy and policy == policy.value

@@ -7,7 +7,6 @@ name the wrapped class, so they load without hvdtrain.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any
 
@@ -17,62 +16,16 @@ from keras.optimizers import LossScaleOptimizer
 
 from hvdtrain.adapters.keras import backend, step_events
 from hvdtrain.adapters.keras.reduction import (
-    average_gradients,
-    check_op,
+    Reduction,
     finite_on_every_rank,
     require_finite,
     variable_names,
 )
 from hvdtrain.nonfinite import SKIP_REMEDY, NonFinitePolicy
-from hvdtrain.step_events import StepObservers, observers_of
-from hvdtrain.validation import require_compression, require_positive_number
 
 NO_LOSS_SCALED_ACCUMULATION = ("backward_passes_per_step > 1 is not supported with loss "
                                "scaling (mixed_float16); accumulate in float32, or use "
                                "mixed_bfloat16")
-
-
-@dataclasses.dataclass(frozen=True)
-class Reduction:
-    """How an update's gradients are combined across workers (a cache key, so frozen)."""
-
-    compression: str | None
-    op: Any
-    prescale: float = 1.0
-    postscale: float = 1.0
-    process_set: Any = None
-
-    def observers(self) -> StepObservers:
-        """Whom its steps are told to (:func:`hvdtrain.step_events.observers_of`)."""
-        job = backend.horovod().size()
-        return observers_of(job if self.process_set is None else self.process_set.size(), job)
-
-    def apply(self, grads: list[Any], check_step: Any = None,
-              remedy: str = SKIP_REMEDY, names: list[str] | None = None) -> list[Any]:
-        """``grads`` reduced (:func:`.reduction.average_gradients`, which also takes
-        ``check_step``, ``remedy`` and ``names``)."""
-        return average_gradients(
-            grads, self.compression, self.op, prescale=self.prescale,
-            postscale=self.postscale, process_set=self.process_set, check_step=check_step,
-            remedy=remedy, names=names)
-
-
-def checked_reduction(compression: Any, op: Any, predivide: float, process_set: Any,
-               summed_passes: int) -> Reduction:
-    """The checked reduction for :func:`DistributedOptimizer`'s arguments."""
-    hvd = backend.horovod()
-    if compression is hvd.Compression.none:
-        compression = None
-    elif compression is hvd.Compression.fp16:
-        compression = "fp16"
-    op = hvd.Average if op is None else op
-    require_compression(compression)
-    check_op(op)
-    require_positive_number("gradient_predivide_factor", predivide)
-    if predivide != 1.0 and op != hvd.Average:
-        raise ValueError("gradient_predivide_factor needs op=Average (it splits the "
-                         "average's division into a part before and one after the sum)")
-    return Reduction(compression, op, 1.0 / predivide, predivide * summed_passes, process_set)
 
 
 def reduction_of(optimizer: keras.optimizers.Optimizer | None) -> Reduction | None:

@@ -12,13 +12,13 @@ from keras.optimizers import LossScaleOptimizer
 from hvdtrain.adapters.keras import _internals
 from hvdtrain.adapters.keras.distributed_classes import (
     NO_LOSS_SCALED_ACCUMULATION,
-    checked_reduction,
     distributed_class,
     distributed_loss_scale,
     is_distributed,
     loss_scale_class,
     reduction_of,
 )
+from hvdtrain.adapters.keras.reduction import checked_reduction
 from hvdtrain.nonfinite import TAPE_REMEDY, NonFinitePolicy
 from hvdtrain.validation import (
     require_instance,

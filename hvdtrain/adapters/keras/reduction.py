@@ -1,5 +1,7 @@
-"""Gradient reduction on Keras 3 tensors, with its checks: the average (or sum) of
-every worker's gradients in one collective (a flat buffer with its tally on
+"""Gradient reduction on Keras 3 tensors, with its checks: :class:`Reduction` (how an
+update's gradients are combined, the distributed optimizers' one setting) and its work,
+:func:`average_gradients`, the average (or sum) of every worker's gradients in one
+collective (a flat buffer with its tally on
 TensorFlow's CPU, a grouped allreduce, or, on a Horovod without hvdtrain's bfloat16
 patch, a bfloat16 allgather), the count of the workers that contributed (for ``join``),
 and the checks that the result is finite.
@@ -10,6 +12,7 @@ eager mode) and on the torch backend alike.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,7 +25,9 @@ from hvdtrain.adapters.keras.backend import UNSCOPED, horovod
 from hvdtrain.collective import TensorCollective, any_rank
 from hvdtrain.compression import require_bfloat16_reduction, wire_format
 from hvdtrain.nonfinite import SKIP_REMEDY, NonFiniteGradientError, nonfinite_gradient_message
+from hvdtrain.step_events import StepObservers, observers_of
 from hvdtrain.tally import COUNT, finite_bound_limit, joined_rescale, some_ranks_joined
+from hvdtrain.validation import require_compression, require_positive_number
 
 # Where the non-finite error shows the optimizer step (a tensor known only at run time);
 # hvdtrain._tf_packing's unpack op replaces this very text.
@@ -34,6 +39,49 @@ def check_op(op: Any) -> None:
     hvd = horovod()
     if op not in (hvd.Average, hvd.Sum):
         raise ValueError("op must be Average or Sum (Adasum is not supported for Keras)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Reduction:
+    """How an update's gradients are combined across workers (a cache key, so frozen)."""
+
+    compression: str | None
+    op: Any
+    prescale: float = 1.0
+    postscale: float = 1.0
+    process_set: Any = None
+
+    def observers(self) -> StepObservers:
+        """Whom its steps are told to (:func:`hvdtrain.step_events.observers_of`)."""
+        job = backend.horovod().size()
+        return observers_of(job if self.process_set is None else self.process_set.size(), job)
+
+    def apply(self, grads: list[Any], check_step: Any = None,
+              remedy: str = SKIP_REMEDY, names: list[str] | None = None) -> list[Any]:
+        """``grads`` reduced (:func:`average_gradients`, which also takes ``check_step``,
+        ``remedy`` and ``names``)."""
+        return average_gradients(
+            grads, self.compression, self.op, prescale=self.prescale,
+            postscale=self.postscale, process_set=self.process_set, check_step=check_step,
+            remedy=remedy, names=names)
+
+
+def checked_reduction(compression: Any, op: Any, predivide: float, process_set: Any,
+                      summed_passes: int) -> Reduction:
+    """The checked reduction for :func:`DistributedOptimizer`'s arguments."""
+    hvd = backend.horovod()
+    if compression is hvd.Compression.none:
+        compression = None
+    elif compression is hvd.Compression.fp16:
+        compression = "fp16"
+    op = hvd.Average if op is None else op
+    require_compression(compression)
+    check_op(op)
+    require_positive_number("gradient_predivide_factor", predivide)
+    if predivide != 1.0 and op != hvd.Average:
+        raise ValueError("gradient_predivide_factor needs op=Average (it splits the "
+                         "average's division into a part before and one after the sum)")
+    return Reduction(compression, op, 1.0 / predivide, predivide * summed_passes, process_set)
 
 
 def average_gradients(grads: Sequence[Any], compression: str | None, op: Any, *,
@@ -186,7 +234,7 @@ def require_finite(grads: Sequence[Any], step: Any, remedy: str = SKIP_REMEDY,
                                         if g is not None]
     if backend.in_tensorflow_graph() and tally.native_ops() is not None:
         messages, step_tensor = _step_messages(named, len(present), step, remedy)
-        checked = iter(tally.require_finite(present, step_tensor, messages))
+        checked = iter(tally.require_finite_natively(present, step_tensor, messages))
         return [None if g is None else next(checked) for g in grads]
     if backend.in_tensorflow_graph():
         import tensorflow as tf

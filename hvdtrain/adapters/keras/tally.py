@@ -105,7 +105,8 @@ def unpack(flat: Any, shapes: Sequence[Any], step: Any, *, check: bool,
     return list(tensors), tally
 
 
-def require_finite(tensors: Sequence[Any], step: Any, messages: Sequence[str]) -> list[Any]:
+def require_finite_natively(tensors: Sequence[Any], step: Any, messages: Sequence[str]
+                            ) -> list[Any]:
     """``tensors`` unchanged (the same buffers), after failing with the message of the
     first that holds NaN or Inf (``HvdtrainRequireFinite``: float16, bfloat16, float32
     or float64 tensors, mixed; ``{step}`` in the message replaced by ``step``). The ops

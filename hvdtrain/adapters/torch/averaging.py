@@ -206,7 +206,7 @@ class GradientAveraging(BackwardHooks):
         predivide = self.gradient_predivide_factor if self.op == Average else 1.0
         pending = []
         for (dtype, device), parameters in by_kind.items():
-            flat = self._pack([p.grad for p in parameters], dtype, device)
+            flat = self._flat_with_tally([p.grad for p in parameters], dtype, device)
             wire, context = self._compression.compress(flat)
             handle = self._tensors.allreduce(wire, f"hvdtrain.gradients.{dtype}",
                                              op=self._reduce_op, prescale=1.0 / predivide,
@@ -231,8 +231,8 @@ class GradientAveraging(BackwardHooks):
                 self._flat_gradients.append((gradients, parameters, finite))
         self._finish_synchronize()
 
-    def _pack(self, gradients: list[torch.Tensor], dtype: torch.dtype,
-              device: torch.device) -> torch.Tensor:
+    def _flat_with_tally(self, gradients: list[torch.Tensor], dtype: torch.dtype,
+                         device: torch.device) -> torch.Tensor:
         """One buffer of ``gradients`` and their tally (:func:`.tally.flat_with_tally`),
         with the bound only when the check is on."""
         return flat_with_tally(gradients, dtype, device, bound=self.on_nonfinite.checks)

@@ -1,4 +1,4 @@
-"""hvdtrain.gradients: the rules of the averaged step, in one process.
+"""hvdtrain.tally: the count and bound behind the gradients, in one process.
 
 The proof of finiteness is checked against a float32 reduction emulated with numpy (the
 ranks' values summed in float32 as a ring would, then scaled as Horovod scales), for
@@ -11,11 +11,6 @@ import math
 import numpy as np
 import pytest
 
-from hvdtrain import gradients, horovod_patches
-from hvdtrain.collective import any_rank
-from hvdtrain.compression import WIRE_FORMATS, wire_format
-from hvdtrain.nonfinite import NonFinitePolicy
-from hvdtrain.step_events import StepObservers
 from hvdtrain.tally import (
     BOUND,
     COUNT,
@@ -101,94 +96,3 @@ def test_the_rescale_rules_serve_arrays_with_the_frameworks_maximum():
     contributors = np.array([0.0, 1.0, 2.0])
     assert joined_rescale(contributors, 2, maximum=np.maximum).tolist() == [2.0, 2.0, 1.0]
     assert some_ranks_joined(contributors, 2).tolist() == [True, True, False]
-
-
-class OtherRanks:
-    """The part of a TensorCollective the vote uses, for one process: the sum adds the
-    flags of the other ranks given. The adapters' own tensors() are checked on real
-    ranks (test_torch_optimizer.py, test_keras_optimizer.py, test_numpy.py)."""
-
-    def __init__(self, *flags: float) -> None:
-        self.flags = flags
-
-    def allreduce(self, tensor, name, *, op="sum", prescale=1.0, postscale=1.0):
-        assert op == "sum" and name == "vote"
-        return tensor + sum(self.flags)
-
-    def wait(self, handle):
-        return handle
-
-
-def test_the_vote_is_any_rank():
-    assert any_rank(np.array([1.0]), OtherRanks(0.0), "vote").tolist() == [True]
-    assert any_rank(np.array([0.0]), OtherRanks(0.0, 0.0), "vote").tolist() == [False]
-    # another rank raised its flag
-    assert any_rank(np.array([0.0]), OtherRanks(0.0, 1.0), "vote").tolist() == [True]
-
-
-@pytest.mark.parametrize(("skip", "check", "policy"), [
-    (True, True, NonFinitePolicy.SKIP), (True, False, NonFinitePolicy.SKIP),
-    (False, True, NonFinitePolicy.RAISE), (False, False, NonFinitePolicy.IGNORE)])
-def test_the_two_arguments_make_one_policy(skip, check, policy):
-    assert NonFinitePolicy.of(skip, check) is policy
-    assert policy.checks is (policy is not NonFinitePolicy.IGNORE)
-    assert policy.skips is (policy is NonFinitePolicy.SKIP)
-    assert NonFinitePolicy(policy.value) is policy and policy == policy.value
-
-
-def test_the_wire_formats_and_their_largest_numbers():
-    assert list(WIRE_FORMATS) == [None, "fp16", "bf16"]
-    assert wire_format("fp16").largest == float(np.finfo(np.float16).max)
-    assert wire_format("fp16").largest_for(LARGEST32) == 65504.0
-    assert wire_format(None).largest_for(LARGEST32) == LARGEST32
-    assert wire_format("bf16").largest < LARGEST32
-    assert wire_format("bf16").bytes_per_element == 2 and wire_format(None).bytes_per_element \
-        is None
-    assert wire_format("fp16").reduced_natively and wire_format(None).reduced_natively
-    # bf16 is reduced natively exactly when the installed Horovod carries patch 0011
-    assert wire_format("bf16").needs_patch == horovod_patches.BFLOAT16
-    assert wire_format("bf16").reduced_natively == horovod_patches.has_patch(
-        horovod_patches.BFLOAT16)
-
-
-@pytest.mark.parametrize("bad", ["zip", 16, ["fp16"]])
-def test_an_unknown_wire_format_is_refused_naming_the_choices(bad):
-    with pytest.raises(ValueError, match=r"compression must be None, 'fp16' or 'bf16', got "):
-        wire_format(bad)
-
-
-class Recorder:
-    def __init__(self, log, name):
-        self.log, self.name = log, name
-
-    def reduction_started(self, step):
-        self.log.append((self.name, "started", step))
-
-    def reduction_finished(self, step):
-        self.log.append((self.name, "finished", step))
-
-    def step_finished(self, step, applied):
-        self.log.append((self.name, "step", step, applied))
-
-
-def test_observers_hear_every_event_in_order_until_removed():
-    observers, log = StepObservers(), []
-    assert not observers
-    stop_first = observers.add(Recorder(log, "first"))
-    second = Recorder(log, "second")
-    observers.add(second)
-    assert observers
-    observers.reduction_started(0)
-    observers.reduction_finished(0)
-    observers.step_finished(0, applied=False)
-    stop_first()
-    observers.step_finished(1, applied=True)
-    observers.remove(second)
-    observers.remove(second)  # nothing the second time
-    observers.step_finished(2, applied=True)
-    assert log == [("first", "started", 0), ("second", "started", 0),
-                   ("first", "finished", 0), ("second", "finished", 0),
-                   ("first", "step", 0, False), ("second", "step", 0, False),
-                   ("second", "step", 1, True)]
-    assert not observers
-    assert isinstance(gradients.step_observers, StepObservers)
