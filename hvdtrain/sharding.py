@@ -1,10 +1,10 @@
-"""How one flat buffer is split among workers when each holds only a slice of the
+"""How one flat buffer is split among workers when each holds only a shard of the
 optimizer state, and of the averaged gradients (ZeRO stages 1-2, Rajbhandari et al.
 2020), as pure arithmetic.
 
 The tensors of one parameter group are laid end to end in one buffer; worker r owns
-the r-th of its slices, all of one length but the last (which hold what is left).
-Each worker steps its slice with its slice of the optimizer state, and the slices are
+the r-th of its shards, all of one length but the last (which hold what is left).
+Each worker steps its shard with its shard of the optimizer state, and the shards are
 then shared back into every worker's tensors. The adapters do the moving; this module
 says what goes where.
 
@@ -14,7 +14,7 @@ Example::
     >>> layout = ShardLayout(sizes=(3, 4), world_size=2, rank=1)
     >>> layout.shard_length, (layout.start, layout.end)
     (4, (4, 7))
-    >>> layout.pieces()  # tensor 1's elements 1-3 fill this rank's slice
+    >>> layout.pieces()  # tensor 1's elements 1-3 fill this rank's shard
     (Piece(tensor=1, tensor_offset=1, shard_offset=0, length=3),)
 """
 
@@ -27,7 +27,7 @@ from hvdtrain.validation import require_positive_int
 
 @dataclass(frozen=True)
 class Piece:
-    """The part of one tensor that lies inside a worker's slice."""
+    """The part of one tensor that lies inside a worker's shard."""
 
     tensor: int
     tensor_offset: int
@@ -69,29 +69,29 @@ class ShardLayout:
 
     @property
     def shard_length(self) -> int:
-        """Elements of a worker's slice: every slice's but the last ones', which hold
+        """Elements of a worker's shard: every shard's but the last ones', which hold
         what is left (fewer, or none when there are more workers than elements)."""
         return -(-self.total // self.world_size)
 
     @property
     def padded_total(self) -> int:
-        """Elements of a buffer in which every slice has ``shard_length`` elements (the
+        """Elements of a buffer in which every shard has ``shard_length`` elements (the
         last ones padded), as a collective that splits a buffer evenly needs."""
         return self.shard_length * self.world_size
 
     def bounds(self, rank: int) -> tuple[int, int]:
-        """Where worker ``rank``'s slice begins and ends in the buffer."""
+        """Where worker ``rank``'s shard begins and ends in the buffer."""
         return (min(rank * self.shard_length, self.total),
                 min((rank + 1) * self.shard_length, self.total))
 
     @property
     def start(self) -> int:
-        """Where this worker's slice begins in the buffer."""
+        """Where this worker's shard begins in the buffer."""
         return self.bounds(self.rank)[0]
 
     @property
     def end(self) -> int:
-        """Where this worker's slice ends in the buffer."""
+        """Where this worker's shard ends in the buffer."""
         return self.bounds(self.rank)[1]
 
     def offsets(self) -> tuple[int, ...]:
@@ -103,7 +103,7 @@ class ShardLayout:
         return tuple(starts)
 
     def pieces(self, rank: int | None = None) -> tuple[Piece, ...]:
-        """The parts of the tensors that lie in worker ``rank``'s slice (default: this
+        """The parts of the tensors that lie in worker ``rank``'s shard (default: this
         worker's), in order."""
         start, end = self.bounds(self.rank if rank is None else rank)
         found = []

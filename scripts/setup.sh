@@ -161,9 +161,9 @@ install_horovod() {
 }
 
 install_hvdtrain() {
-    stage "hvdtrain (editable, with its test, benchmark, docs and ray extras) and a check of Horovod's build"
+    stage "hvdtrain (editable, with its examples, test, benchmark, docs and ray extras) and a check of Horovod's build"
     # ray always: tests/test_ray.py runs in CI, and it costs about 240 MB and half a minute.
-    pip_install --no-build-isolation -e "$REPO_ROOT[torch,tensorflow,test,bench,docs,ray]"
+    pip_install --no-build-isolation -e "$REPO_ROOT[torch,tensorflow,examples,test,bench,docs,ray]"
     # setup.py marks the helper optional (pip installs without a compiler); here it must be.
     "$VENV/bin/python" -c "import hvdtrain._packing" \
         || die "hvdtrain._packing (the torch adapter's fused gradient packing) was not built"

@@ -178,3 +178,30 @@ def test_the_elastic_demo_loses_a_worker_and_finishes_on_two(example):
     samples_per_epoch = 19 * 3 * 32  # 1,797 digits over 3 workers: 19 batches each
     epoch = step * 3 * 32 / samples_per_epoch
     assert after == pytest.approx(0.05 + (2 * 0.05 - 0.05) * epoch / 2, abs=5e-5)
+
+
+def test_every_package_the_examples_import_comes_with_an_extra():
+    """A user who installs hvdtrain with its extras (docs/setup.md) can run every example:
+    each third-party import in examples/ is in setup.cfg's extras (by import name)."""
+    import ast
+    import configparser
+
+    root = Path(__file__).resolve().parents[1]
+    config = configparser.ConfigParser()
+    config.read(root / "setup.cfg")
+    extras = {line.strip() for value in config["options.extras_require"].values()
+              for line in value.splitlines() if line.strip()}
+    import_names = {"scikit-learn": "sklearn", "tensorflow-cpu": "tensorflow"}
+    provided = {import_names.get(name, name) for name in extras} | {"keras", "numpy", "horovod"}
+    examples = root / "examples"
+    local = {path.stem for path in examples.rglob("*.py")}
+    imported = set()
+    for path in examples.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module.split(".")[0])
+    third_party = imported - set(sys.stdlib_module_names) - local - {"hvdtrain", "__future__"}
+    assert third_party and third_party <= provided, third_party - provided
+    assert "scikit-learn" in config["options.extras_require"]["examples"]

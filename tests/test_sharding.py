@@ -34,7 +34,7 @@ def test_every_element_has_exactly_one_owner_in_buffer_order(sizes, world_size):
 
 
 @given(st.lists(st.integers(1, 40), min_size=1, max_size=6).map(tuple), st.integers(1, 9))
-def test_slices_tile_the_buffer_full_ones_first(sizes, world_size):
+def test_shards_tile_the_buffer_full_ones_first(sizes, world_size):
     layouts = [ShardLayout(sizes, world_size, rank) for rank in range(world_size)]
     assert layouts[0].start == 0 and layouts[-1].end == layouts[0].total
     for before, after in itertools.pairwise(layouts):
@@ -46,17 +46,17 @@ def test_slices_tile_the_buffer_full_ones_first(sizes, world_size):
                for layout in layouts for r in range(world_size))
 
 
-def test_the_last_slice_holds_what_is_left():
-    layout = ShardLayout((3, 5, 1), world_size=2, rank=1)  # 9 elements, slices of 5 and 4
+def test_the_last_shard_holds_what_is_left():
+    layout = ShardLayout((3, 5, 1), world_size=2, rank=1)  # 9 elements, shards of 5 and 4
     assert (layout.start, layout.end) == (5, 9)
     assert layout.pieces() == (Piece(1, 2, 0, 3), Piece(2, 0, 3, 1))
     assert ShardLayout((2,), world_size=3, rank=2).bounds(2) == (2, 2)  # nothing left
 
 
 def test_any_workers_pieces_and_the_padded_buffer():
-    """pieces(r) is what worker r's own layout says; the padded buffer gives every slice
+    """pieces(r) is what worker r's own layout says; the padded buffer gives every shard
     the full length."""
-    sizes, world_size = (3, 5, 1), 4  # 9 elements: slices of 3, 3, 3 and 0
+    sizes, world_size = (3, 5, 1), 4  # 9 elements: shards of 3, 3, 3 and 0
     for rank in range(world_size):
         assert ShardLayout(sizes, world_size, 0).pieces(rank) == \
             ShardLayout(sizes, world_size, rank).pieces()

@@ -3,7 +3,7 @@ user would do it: an ordinary (non-root) account, a fresh venv that already has 
 frameworks (as a conda or module environment has), a copy of the checkout, then
 
     PYTHON=env/bin/python scripts/build-horovod.sh --install
-    env/bin/python -m pip install --no-build-isolation -e '.[torch,tensorflow]'
+    env/bin/python -m pip install --no-build-isolation -e '.[torch,tensorflow,examples]'
 
 and a 2-worker training run with that environment's horovodrun, which must reach the
 final state the set-up's .venv reaches.
@@ -49,7 +49,7 @@ cd hvdtrain
 echo "KEY $(PYTHON="$WORK/env/bin/python" bash scripts/build-horovod.sh --cache-key)"
 PYTHON="$WORK/env/bin/python" HVDTRAIN_CACHE="$WORK/cache" bash scripts/build-horovod.sh --install
 "$WORK/env/bin/python" -m pip install --quiet --no-index --disable-pip-version-check \\
-    --no-build-isolation -e '.[torch,tensorflow]'
+    --no-build-isolation -e '.[torch,tensorflow,examples]'
 "$WORK/env/bin/python" -c 'import hvdtrain, horovod
 print("FROM", hvdtrain.__file__, horovod.__file__)
 from hvdtrain import horovod_patches

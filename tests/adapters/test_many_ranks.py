@@ -2,7 +2,7 @@
 DistributedOptimizer (flat, accumulated, overlapped, ZeRO stages 1 and 2) and Keras's
 ``fit`` against one process on the concatenated batch of all the workers.
 
-At N ranks the rank arithmetic takes paths 2 ranks never do: uneven slices of 53
+At N ranks the rank arithmetic takes paths 2 ranks never do: uneven shards of 53
 parameters over 5 and 8 ranks (11, 11, 11, 11, 9 and 7 x 7, 4), rings of 5 and 8
 steps, and the rate of k = N x passes. This machine has 2 cores, so the ranks are
 oversubscribed (slow, not different): marked ``scale``, deselected locally with
@@ -75,13 +75,13 @@ def test_torch_workers_equal_one_process_on_the_concatenated_batch(torch_many, n
 
 @pytest.mark.parametrize("name", SHARDED)
 def test_each_of_the_ranks_holds_its_slice_of_the_state(torch_many, name):
-    """The split docs/torch.md states: slices of ceil(53 / N) elements, the last rank's
+    """The split docs/torch.md states: shards of ceil(53 / N) elements, the last rank's
     holding what is left."""
     ranks, run = torch_many
     parameters = sum(p.numel() for p in make_model().parameters())
-    slice_length = -(-parameters // ranks)
+    shard_length = -(-parameters // ranks)
     assert [run.report(name, rank)["state_sizes"] for rank in range(ranks)] == [
-        [min(slice_length, parameters - rank * slice_length)] for rank in range(ranks)]
+        [min(shard_length, parameters - rank * shard_length)] for rank in range(ranks)]
 
 
 @pytest.mark.parametrize(("name", "kind", "passes"), KERAS_CASES)

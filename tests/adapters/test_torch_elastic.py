@@ -17,8 +17,8 @@ schedule and the data set:
   state each reset re-shards for the new number of workers; the final weights equal
   one process replaying the steps that stand.
 - lose-two: 5 workers (oversubscribed here, marked ``scale``), ranks 3 and 4 killed
-  together; the job goes on as 3, the same way, its ZeRO-2 state re-sharded from slices
-  of 1 to slices of 2, 2 and 1.
+  together; the job goes on as 3, the same way, its ZeRO-2 state re-sharded from shards
+  of 1 to shards of 2, 2 and 1.
 - the step timing (1 s windows) before and after the shrink's reset.
 - below-min: 3 workers with ``--min-np 3``, one killed: the job ends non-zero within
   the elastic timeout plus 60 s and leaves no worker behind, whether the launcher stops

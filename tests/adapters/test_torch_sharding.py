@@ -109,7 +109,7 @@ def test_a_sharded_checkpoint_is_the_unsharded_file_and_resumes_either_way(torch
     ("closure", "ValueError: step(closure) with shard_state=True"),
     ("torch_clip_sliced", "RuntimeError: the gradient of '0.weight' changed after "
                           "synchronize(), but with shard_gradients=True each worker holds "
-                          "only its slice"),
+                          "only its shard"),
     ("overlap_sliced", "ValueError: shard_gradients=True reduce-scatters the gradients after "
                        "backward(), so it cannot go with overlap=True"),
 ])

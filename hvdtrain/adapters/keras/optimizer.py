@@ -113,7 +113,7 @@ def DistributedOptimizer(
     require_positive_int("backward_passes_per_step", backward_passes_per_step)
     summed = not average_aggregated_gradients
     reduction = checked_reduction(compression, op, gradient_predivide_factor, process_set,
-                           backward_passes_per_step if summed else 1)
+                                  backward_passes_per_step if summed else 1)
     require_instance("optimizer", optimizer, keras.optimizers.Optimizer,
                      "a Keras 3 optimizer instance, e.g. keras.optimizers.SGD(0.1)")
     if optimizer.built:

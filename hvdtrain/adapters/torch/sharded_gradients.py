@@ -50,7 +50,7 @@ class ShardedGradients(ShardedState):
         self._reduce_scatter_gradients(postscale, None if uniform else passes)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """Clip the averaged gradients by their global norm: every worker's slice by the
+        """Clip the averaged gradients by their global norm: every worker's shard by the
         norm over all of them (one scalar allreduce; every worker must call it), as
         ``torch.nn.utils.clip_grad_norm_`` clips whole gradients. Call it after
         ``synchronize()`` and before ``step()`` inside ``skip_synchronize()``.
@@ -65,7 +65,7 @@ class ShardedGradients(ShardedState):
 
     def _first_nonfinite_gradient(self) -> str | None:
         """The name of the first parameter whose averaged gradient is not finite in any
-        worker's slice."""
+        worker's shard."""
         if not self._holds_gradient_shards():
             return super()._first_nonfinite_gradient()
         return self._first_nonfinite_in_shards()
@@ -73,7 +73,7 @@ class ShardedGradients(ShardedState):
     def _reduce_scatter_gradients(self, postscale: float, passes: dict | None) -> None:
         """``shard_gradients``: reduce-scatter each param group's gradients (and the
         tally, :func:`.tally.rows_with_tally`), so that this worker holds the average of
-        its slice alone, as ``shard.grad``; the gradients themselves are then filled
+        its shard alone, as ``shard.grad``; the gradients themselves are then filled
         with NaN, so that nothing reads them as averaged. ``passes``: the backward
         passes of each gradient, to divide by here when they differ (else None)."""
         if passes is not None:
@@ -98,7 +98,7 @@ class ShardedGradients(ShardedState):
                                    bound=self.on_nonfinite.checks)
             wire, context = self._compression.compress(rows)
             handle = self._tensors.reduce_scatter(
-                wire, f"hvdtrain.gradient_slices.{index}", op=self._reduce_op,
+                wire, f"hvdtrain.gradient_shards.{index}", op=self._reduce_op,
                 prescale=1.0 / predivide, postscale=postscale * predivide)
             pending.append((shard, context, handle))
             for parameter in shard.parameters:
@@ -122,26 +122,26 @@ class ShardedGradients(ShardedState):
     def _require_averaged_shards(self) -> None:
         """``shard_gradients``: raise unless this step's gradients were reduce-scattered
         and none changed since, as torch's ``clip_grad_norm_`` or
-        ``GradScaler.unscale_`` would change them: each worker holds only its slice of
+        ``GradScaler.unscale_`` would change them: each worker holds only its shard of
         the averaged gradients, so those would act on a part of them, or on none."""
         if not self._filled_gradients:
             raise RuntimeError("step() inside skip_synchronize() without synchronize() first: "
-                               "with shard_gradients=True the step needs this worker's slice "
+                               "with shard_gradients=True the step needs this worker's shard "
                                "of the averaged gradients; call optimizer.synchronize() first")
         for parameter, (gradient, version) in self._filled_gradients.items():
             if parameter.grad is not gradient or gradient._version != version:
                 raise RuntimeError(
                     f"the gradient of {self.name_of(parameter)!r} "
                     "changed after synchronize(), but with shard_gradients=True each worker "
-                    "holds only its slice of the averaged gradients (p.grad holds NaN), so "
+                    "holds only its shard of the averaged gradients (p.grad holds NaN), so "
                     "whatever changed it (torch.nn.utils.clip_grad_norm_, "
                     "GradScaler.unscale_, ...) did not act on the averaged gradients; clip "
                     "with optimizer.clip_grad_norm_(max_norm), which takes the norm over "
-                    "every worker's slice, or drop shard_gradients")
+                    "every worker's shard, or drop shard_gradients")
 
     def _first_nonfinite_in_shards(self) -> str | None:
         """``shard_gradients``: the name of the first parameter, in the order of the param
-        groups, with a NaN or Inf in any worker's slice of its averaged gradient (one
+        groups, with a NaN or Inf in any worker's shard of its averaged gradient (one
         scalar allreduce, so every worker names the same one). Only on a worker in the
         process set."""
         first = math.inf
@@ -157,21 +157,21 @@ class ShardedGradients(ShardedState):
                         first = min(first, position + piece.tensor)
                         break
             position += len(shard.parameters)
-        found = allreduce_number(first, "min", "hvdtrain.nonfinite_slices", self.process_set,
-                                 "the non-finite gradient vote (hvdtrain.nonfinite_slices)")
+        found = allreduce_number(first, "min", "hvdtrain.nonfinite_shards", self.process_set,
+                                 "the non-finite gradient vote (hvdtrain.nonfinite_shards)")
         if not math.isfinite(found):
             return None
         parameters = [p for shard in self._shards if shard is not None for p in shard.parameters]
         return self.name_of(parameters[int(found)])
 
     def _clip_shards(self, max_norm: float, norm_type: float) -> torch.Tensor:
-        """``shard_gradients``: clip every worker's slice of the averaged gradients by
-        their norm over all the slices (one scalar allreduce), as
+        """``shard_gradients``: clip every worker's shard of the averaged gradients by
+        their norm over all the shards (one scalar allreduce), as
         ``torch.nn.utils.clip_grad_norm_`` clips whole gradients. Returns that norm. Only
         on a worker in the process set."""
-        slices = [shard.shard for shard in self._shards
+        shards = [shard.shard for shard in self._shards
                   if shard is not None and shard.shard.grad is not None]
-        local = torch.nn.utils.get_total_norm([p.grad for p in slices], norm_type)
+        local = torch.nn.utils.get_total_norm([p.grad for p in shards], norm_type)
         local = local.to(torch.float64).reshape(1)
         infinite = math.isinf(norm_type)
         with watchdog.guard("the gradient norm allreduce (clip_grad_norm_)"):
@@ -179,7 +179,7 @@ class ShardedGradients(ShardedState):
                 local if infinite else local.pow(norm_type), "hvdtrain.gradient_norm",
                 op="max" if infinite else "sum"))
         norm = total[0] if infinite else total[0].pow(1.0 / norm_type)
-        if slices:
-            norm = norm.to(slices[0].grad.dtype)
-            torch.nn.utils.clip_grads_with_norm_(slices, max_norm, norm)
+        if shards:
+            norm = norm.to(shards[0].grad.dtype)
+            torch.nn.utils.clip_grads_with_norm_(shards, max_norm, norm)
         return norm

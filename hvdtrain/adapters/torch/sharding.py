@@ -3,14 +3,14 @@
 et al. 2020).
 
 Each param group's trainable parameters become views into one flat buffer
-(:class:`hvdtrain.sharding.ShardLayout`), of which each worker owns one slice.
+(:class:`hvdtrain.sharding.ShardLayout`), of which each worker owns one shard.
 With ``shard_state``, ``synchronize()`` averages the gradients as the unsharded
 optimizer does (one flat allreduce, so clipping and the non-finite check work
 unchanged). With ``shard_gradients`` it reduce-scatters them instead, each worker
-receiving the average of its own slice (``shard.grad``), and fills the parameters'
+receiving the average of its own shard (``shard.grad``), and fills the parameters'
 gradients with NaN, since they no longer hold the average. ``step()`` then steps this
-worker's slice with the user's optimizer, whose ``state`` holds that slice's state
-alone, and the stepped slices are shared back into every worker's buffer (an
+worker's shard with the user's optimizer, whose ``state`` holds that shard's state
+alone, and the stepped shards are shared back into every worker's buffer (an
 all-gather, or in-place broadcasts for buffers above :data:`GATHER_MAX_BYTES`).
 
 Stage 1 moves one and a half allreduces' worth of bytes per step, stage 2 one (a
@@ -42,7 +42,7 @@ __all__ = ["ELEMENTWISE_OPTIMIZERS", "ParameterShard", "ShardedState", "explaini
            "is_sharded", "require_elementwise"]
 
 # Optimizers whose update of an element reads only that element's gradient and state,
-# so that stepping a slice of the flattened parameters is stepping those elements.
+# so that stepping a shard of the flattened parameters is stepping those elements.
 ELEMENTWISE_OPTIMIZERS: tuple[type, ...] = (
     torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adamax,
     torch.optim.NAdam, torch.optim.RAdam, torch.optim.RMSprop, torch.optim.Adagrad,
@@ -71,7 +71,7 @@ def require_elementwise(optimizer: torch.optim.Optimizer) -> None:
     known = ", ".join(cls.__name__ for cls in ELEMENTWISE_OPTIMIZERS)
     raise TypeError(
         f"shard_state=True cannot shard {type(optimizer).__module__}."
-        f"{type(optimizer).__qualname__}: each worker steps its own slice of the flattened "
+        f"{type(optimizer).__qualname__}: each worker steps its own shard of the flattened "
         "parameters, which is right only for an optimizer whose update of an element reads "
         "that element's gradient and state alone (one that needs the whole gradient, as "
         f"LBFGS does, or a norm or matrix inside its update, is not). Known to be "
@@ -80,7 +80,7 @@ def require_elementwise(optimizer: torch.optim.Optimizer) -> None:
 
 class ParameterShard:
     """One param group's trainable parameters as views into one flat buffer, of which
-    this worker owns one slice: ``shard``, the parameter the user's optimizer steps (a
+    this worker owns one shard: ``shard``, the parameter the user's optimizer steps (a
     view too, so a step of it is a step of those parameters' elements).
 
     Args:
@@ -93,7 +93,7 @@ class ParameterShard:
         self.parameters = parameters
         self.layout = layout
         first = parameters[0]
-        # Padded so that every worker's slice has one length, as the all-gather needs.
+        # Padded so that every worker's shard has one length, as the all-gather needs.
         self.buffer = torch.zeros(layout.padded_total, dtype=first.dtype, device=first.device)
         self._views = self.split(self.buffer)
         for parameter, view in zip(parameters, self._views, strict=True):
@@ -119,23 +119,23 @@ class ParameterShard:
             view.copy_(parameter.detach())
             parameter.data = view
 
-    def gradient_slice(self) -> torch.Tensor:
-        """This worker's slice of the parameters' gradients: a view when they lie end to
+    def gradient_shard(self) -> torch.Tensor:
+        """This worker's shard of the parameters' gradients: a view when they lie end to
         end in one buffer (as hvdtrain's flat allreduce leaves them), else a copy (a
         missing gradient counts as zeros)."""
         gradients = [p.grad for p in self.parameters]
         whole = _end_to_end(gradients)
         if whole is not None:
             return whole[self.layout.start:self.layout.end]
-        return self.slice_of(gradients)
+        return self.shard_of(gradients)
 
     def split(self, buffer: torch.Tensor) -> list[torch.Tensor]:
         """A whole buffer as one view per parameter, each shaped like it."""
         return [buffer[offset:offset + p.numel()].view_as(p)
                 for p, offset in zip(self.parameters, self.layout.offsets(), strict=True)]
 
-    def slice_of(self, values: list[torch.Tensor | None]) -> torch.Tensor:
-        """This worker's slice of per-parameter ``values`` (each shaped like its
+    def shard_of(self, values: list[torch.Tensor | None]) -> torch.Tensor:
+        """This worker's shard of per-parameter ``values`` (each shaped like its
         parameter; None counts as zeros), as a new tensor like ``shard``."""
         part = torch.zeros_like(self.shard.data)
         for piece in self.layout.pieces():
@@ -146,20 +146,20 @@ class ParameterShard:
                     value.reshape(-1)[piece.tensor_offset:piece.tensor_offset + piece.length])
         return part
 
-    def gather_slices(self, tensors: TensorCollective, name: str) -> Any:
-        """Start the all-gather of every worker's (padded) slice of the buffer; its
+    def gather_shards(self, tensors: TensorCollective, name: str) -> Any:
+        """Start the all-gather of every worker's (padded) shard of the buffer; its
         result is copied into the buffer by :meth:`take_gathered`."""
         length = self.layout.shard_length
         own = self.buffer[self.layout.rank * length:(self.layout.rank + 1) * length]
         return tensors.allgather(own, name)
 
     def take_gathered(self, gathered: torch.Tensor) -> None:
-        """Copy the result of :meth:`gather_slices` into the buffer."""
+        """Copy the result of :meth:`gather_shards` into the buffer."""
         self.buffer.copy_(gathered)
 
-    def broadcast_slices(self, tensors: TensorCollective, roots: list[int], name: str
+    def broadcast_shards(self, tensors: TensorCollective, roots: list[int], name: str
                          ) -> list[Any]:
-        """Start broadcasting each worker's slice of the buffer from it (``roots``: each
+        """Start broadcasting each worker's shard of the buffer from it (``roots``: each
         worker's rank as Horovod's broadcast names it, a global rank), in place."""
         handles = []
         for index, root in enumerate(roots):
@@ -181,7 +181,7 @@ def explaining_join() -> Iterator[None]:
             raise
         raise RuntimeError(
             "a worker called join() while others still step, but with shard_state=True "
-            "every worker steps its slice of the parameters each step; give every worker "
+            "every worker steps its shard of the parameters each step; give every worker "
             "the same number of steps (hvt.distributed_sampler(dataset) pads the shares), "
             "or drop shard_state for uneven shares") from error
 
@@ -256,8 +256,8 @@ class ShardedState(GradientAveraging):
         super().add_param_group(param_group)
 
     def _apply_averaged(self, closure=None):
-        """Step this worker's slice of every param group with its slice of the state,
-        then share each worker's slice into everyone's parameters."""
+        """Step this worker's shard of every param group with its shard of the state,
+        then share each worker's shard into everyone's parameters."""
         if closure is not None:
             raise ValueError("step(closure) with shard_state=True: a closure recomputes the "
                              "gradients after they were averaged, and the step would not "
@@ -268,15 +268,15 @@ class ShardedState(GradientAveraging):
                 "the optimizer state is sharded for another number of workers than there "
                 f"are now ({world}): an elastic reset happened without re-sharding it; keep "
                 "the optimizer in hvdtrain.adapters.torch.elastic.TorchState, which does")
-        sliced = self._holds_gradient_shards()
-        if sliced:
+        sharded = self._holds_gradient_shards()
+        if sharded:
             self._require_averaged_shards()
         groups = [group["params"] for group in self.param_groups]
         for group, shard in zip(self.param_groups, self._shards, strict=True):
             if shard is not None:
                 shard.keep_linked(self.name_of)
-                if not sliced:
-                    shard.shard.grad = shard.gradient_slice()
+                if not sharded:
+                    shard.shard.grad = shard.gradient_shard()
             group["params"] = [shard.shard] if shard is not None and shard.shard.numel() else []
         try:
             result = super()._apply_averaged(closure)
@@ -286,16 +286,16 @@ class ShardedState(GradientAveraging):
                 group["params"] = params
                 if shard is not None:
                     shard.shard.grad = None
-                    if sliced:  # they hold NaN; the next backward starts anew
+                    if sharded:  # they hold NaN; the next backward starts anew
                         for parameter in shard.parameters:
                             parameter.grad = None
             self._filled_gradients = {}
         if self.process_set.included():
-            self._share_slices()
+            self._share_shards()
         return result
 
-    def _share_slices(self) -> None:
-        """Give every worker each worker's stepped slice of the parameters: one
+    def _share_shards(self) -> None:
+        """Give every worker each worker's stepped shard of the parameters: one
         all-gather per param group when its buffer is small enough for the allocator to
         reuse the result's memory (:data:`GATHER_MAX_BYTES`), else one in-place
         broadcast per worker (no new memory). Horovod 0.28.1's all-gather breaks Horovod
@@ -309,10 +309,10 @@ class ShardedState(GradientAveraging):
                 continue
             name = f"hvdtrain.shard_params.{index}"
             if gather and shard.buffer.numel() * shard.buffer.element_size() <= GATHER_MAX_BYTES:
-                gathers.append((shard, shard.gather_slices(self._tensors, name)))
+                gathers.append((shard, shard.gather_shards(self._tensors, name)))
             else:
                 roots = self.process_set.ranks or list(range(shard.layout.world_size))
-                broadcasts.extend(shard.broadcast_slices(self._tensors, roots, name))
+                broadcasts.extend(shard.broadcast_shards(self._tensors, roots, name))
         with watchdog.guard(f"the parameter exchange of step {self.steps_taken - 1}"), \
                 explaining_join():
             for shard, handle in gathers:
@@ -321,7 +321,7 @@ class ShardedState(GradientAveraging):
                 self._tensors.wait(handle)
 
     def state_dict(self) -> dict[str, Any]:
-        """The whole optimizer state, gathered from every worker's slice, in the format
+        """The whole optimizer state, gathered from every worker's shard, in the format
         of the unsharded optimizer (so either kind loads it). Every worker must call it:
         it is one all-gather per state tensor."""
         sharded_state, self.state = self.state, defaultdict(dict)
@@ -352,7 +352,7 @@ class ShardedState(GradientAveraging):
         return whole
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Take this worker's slice of a whole state (from :meth:`state_dict` or from the
+        """Take this worker's shard of a whole state (from :meth:`state_dict` or from the
         unsharded optimizer, written by any number of workers). Local: no communication."""
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups) or any(
@@ -379,4 +379,4 @@ class ShardedState(GradientAveraging):
                     self.state[shard.shard][key] = first.clone() if torch.is_tensor(first) \
                         else first
                 else:
-                    self.state[shard.shard][key] = shard.slice_of(values)
+                    self.state[shard.shard][key] = shard.shard_of(values)
