@@ -74,7 +74,6 @@ from hvdtrain.adapters.keras import (
     set_samples_per_step,
     shutdown,
     size,
-    step_events,
     step_times,
 )
 from hvdtrain.adapters.keras.collectives import join
@@ -83,7 +82,7 @@ from hvdtrain.collective import require_initialized
 from hvdtrain.nonfinite import TAPE_REMEDY
 from hvdtrain.replicas import ReplicaMismatchError
 from hvdtrain.runtime import elastic_job
-from hvdtrain.validation import require_compression, require_instance, require_positive_int
+from hvdtrain.validation import require_instance, require_positive_int
 from hvdtrain.warmup import WarmupArguments, WarmupSettings, check_warmup_agreement
 
 __all__ = [
@@ -146,8 +145,7 @@ class DistributedGradientTape:
                  op: Any = Average, check_nonfinite: bool = True,
                  optimizer: keras.optimizers.Optimizer | None = None,
                  backward_passes_per_step: int = 1) -> None:
-        require_compression(compression)
-        reduction.check_op(op)
+        self.reduction = reduction.checked_reduction(compression, op, 1.0, None, 1)
         require_instance("tape", tape, tf.GradientTape, "a tf.GradientTape")
         require_positive_int("backward_passes_per_step", backward_passes_per_step)
         if backward_passes_per_step > 1 and optimizer is None:
@@ -181,13 +179,10 @@ class DistributedGradientTape:
         step = None
         if self.check_nonfinite:
             step = self.optimizer.iterations if self.optimizer is not None else "(unknown)"
-        names = reduction.variable_names(tf.nest.flatten(sources), unnamed="sources")
-        told = step_events.reduction_started(
-            self.optimizer.iterations if self.optimizer is not None else -1, after=flat)
-        averaged = reduction.average_gradients(flat, self.compression, self.op,
-                                                 check_step=step, remedy=TAPE_REMEDY,
-                                                 names=names)
-        step_events.reduction_finished(told, after=averaged, last=True)
+        averaged, _ = self.reduction.observed(
+            flat, self.optimizer.iterations if self.optimizer is not None else -1,
+            check_step=step, remedy=TAPE_REMEDY, last=True,
+            names=reduction.variable_names(tf.nest.flatten(sources), unnamed="sources"))
         return tf.nest.pack_sequence_as(grads, averaged)
 
 

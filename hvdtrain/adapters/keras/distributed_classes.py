@@ -14,13 +14,8 @@ import keras
 from keras import ops
 from keras.optimizers import LossScaleOptimizer
 
-from hvdtrain.adapters.keras import backend, step_events
-from hvdtrain.adapters.keras.reduction import (
-    Reduction,
-    finite_on_every_rank,
-    require_finite,
-    variable_names,
-)
+from hvdtrain.adapters.keras import step_events
+from hvdtrain.adapters.keras.reduction import Reduction, finite_on_every_rank, variable_names
 from hvdtrain.nonfinite import SKIP_REMEDY, NonFinitePolicy
 
 NO_LOSS_SCALED_ACCUMULATION = ("backward_passes_per_step > 1 is not supported with loss "
@@ -62,11 +57,7 @@ def loss_scale_class(base: type, reduction: Reduction) -> type:
         _hvdtrain_reduction = reduction
 
         def apply(self, grads, trainable_variables=None):
-            grads = list(grads)
-            told = step_events.reduction_started(self.iterations, after=grads,
-                                                 observers=reduction.observers())
-            averaged = reduction.apply(grads)
-            step_events.reduction_finished(told, after=averaged, last=True)
+            averaged, _ = reduction.observed(list(grads), self.iterations, last=True)
             return super().apply(averaged, trainable_variables)
 
     _name_like(DistributedLossScale, base)
@@ -113,29 +104,17 @@ def distributed_class(base: type, reduction: Reduction, on_nonfinite: NonFiniteP
 
         def _clip_gradients(self, grads):
             raises = on_nonfinite is NonFinitePolicy.RAISE
+            variables = getattr(self, "_hvdtrain_variables", None)
+            local = getattr(self, "_hvdtrain_local", None)
+            averaged, told = reduction.observed(
+                grads, self.iterations, check_step=self.iterations if raises else None,
+                remedy=remedy, names=_variable_names(variables, len(grads)),
+                local=[id(v) in local for v in variables] if local else None)
             # What the update step tells the observers, past Keras's attribute tracking.
-            object.__setattr__(self, "_hvdtrain_told", step_events.reduction_started(
-                self.iterations, after=grads, observers=reduction.observers()))
-            averaged = self._reduce(grads, self.iterations if raises else None)
-            step_events.reduction_finished(self._hvdtrain_told, after=averaged)
+            object.__setattr__(self, "_hvdtrain_told", told)
             if skip_nonfinite:
                 self._hvdtrain_update = finite_on_every_rank(averaged)
             return super()._clip_gradients(averaged)
-
-        def _reduce(self, grads, check_step):
-            local = getattr(self, "_hvdtrain_local", None)
-            names = _variable_names(getattr(self, "_hvdtrain_variables", None), len(grads))
-            if not local:
-                return reduction.apply(grads, check_step, remedy, names)
-            is_local = [id(v) in local for v in self._hvdtrain_variables]
-            shared = reduction.apply([None if mine else g
-                                      for g, mine in zip(grads, is_local, strict=True)])
-            size = backend.horovod().size()
-            reduced = [g / size if mine and g is not None else averaged
-                       for g, averaged, mine in zip(grads, shared, is_local, strict=True)]
-            if check_step is None:
-                return reduced
-            return require_finite(reduced, check_step, remedy, names)
 
         def _apply_weight_decay(self, variables):
             parent = super()._apply_weight_decay

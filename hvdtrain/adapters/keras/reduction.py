@@ -20,7 +20,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from hvdtrain.adapters.keras import backend, tally
+from hvdtrain.adapters.keras import backend, step_events, tally
 from hvdtrain.adapters.keras.backend import UNSCOPED, horovod
 from hvdtrain.collective import TensorCollective, any_rank
 from hvdtrain.compression import require_bfloat16_reduction, wire_format
@@ -43,7 +43,9 @@ def check_op(op: Any) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Reduction:
-    """How an update's gradients are combined across workers (a cache key, so frozen)."""
+    """How an update's gradients are combined across workers (a cache key, so frozen):
+    the distributed optimizers' and the gradient tape's one setting, and the way to
+    apply it (:meth:`observed`, :meth:`apply`)."""
 
     compression: str | None
     op: Any
@@ -56,14 +58,37 @@ class Reduction:
         job = backend.horovod().size()
         return observers_of(job if self.process_set is None else self.process_set.size(), job)
 
-    def apply(self, grads: list[Any], check_step: Any = None,
-              remedy: str = SKIP_REMEDY, names: list[str] | None = None) -> list[Any]:
+    def observed(self, grads: Sequence[Any], step: Any, *, check_step: Any = None,
+                 remedy: str = SKIP_REMEDY, names: Sequence[str] | None = None,
+                 local: Sequence[bool] | None = None, last: bool = False
+                 ) -> tuple[list[Any], step_events.ObservedReduction]:
+        """:meth:`apply`, told to the step events: the reduction of ``step`` starts
+        after ``grads`` and finishes with the result (``last``: no step follows, as
+        for a gradient tape). Returns the reduced gradients and what the update tells
+        when it is over (:func:`.step_events.step_finished`)."""
+        told = step_events.reduction_started(step, after=grads, observers=self.observers())
+        reduced = self.apply(grads, check_step, remedy, names, local)
+        step_events.reduction_finished(told, after=reduced, last=last)
+        return reduced, told
+
+    def apply(self, grads: Sequence[Any], check_step: Any = None,
+              remedy: str = SKIP_REMEDY, names: Sequence[str] | None = None,
+              local: Sequence[bool] | None = None) -> list[Any]:
         """``grads`` reduced (:func:`average_gradients`, which also takes ``check_step``,
-        ``remedy`` and ``names``)."""
-        return average_gradients(
-            grads, self.compression, self.op, prescale=self.prescale,
-            postscale=self.postscale, process_set=self.process_set, check_step=check_step,
-            remedy=remedy, names=names)
+        ``remedy`` and ``names``). ``local``: which gradients are of worker-local
+        variables (Horovod's ``register_local_var``): those are not reduced but divided
+        by the number of workers (Horovod's ``scale_local_gradients``)."""
+        if local is None or not any(local):
+            return average_gradients(
+                grads, self.compression, self.op, prescale=self.prescale,
+                postscale=self.postscale, process_set=self.process_set,
+                check_step=check_step, remedy=remedy, names=names)
+        shared = self.apply([None if mine else g for g, mine in zip(grads, local, strict=True)])
+        size = backend.horovod().size()
+        reduced = [g / size if mine and g is not None else averaged
+                   for g, averaged, mine in zip(grads, shared, local, strict=True)]
+        return reduced if check_step is None else require_finite(reduced, check_step,
+                                                                 remedy, names)
 
 
 def checked_reduction(compression: Any, op: Any, predivide: float, process_set: Any,
@@ -163,18 +188,15 @@ def _placed(grads: Sequence[Any], present: list[int], reduced: list[Any]) -> lis
 def _flat_reduce(tensors: list[Any], average: bool, prescale: float, postscale: float,
                  unit: float, workers: TensorCollective, check_step: Any, remedy: str,
                  names: Sequence[str] | None) -> list[Any]:
-    """:func:`average_gradients` through one flat buffer with its tally (``unit``: what
-    one rank's 1 becomes in the reduction)."""
+    """:func:`average_gradients` through one flat buffer with its tally
+    (:func:`.tally.allreduce`; ``unit``: what one rank's 1 becomes in the reduction)."""
     check = check_step is not None
     messages, step_tensor = _step_messages(names, len(tensors), check_step if check else 0,
                                            remedy)
     largest = float(np.finfo(tensors[0].dtype.as_numpy_dtype).max)
-    flat = tally.pack(tensors, bound=check)
-    flat = workers.wait(workers.allreduce(flat, "hvdtrain.gradients",
-                                          op="average" if average else "sum",
-                                          prescale=prescale, postscale=postscale))
-    reduced, numbers = tally.unpack(
-        flat, [t.shape for t in tensors], step_tensor, check=check, message=messages,
+    reduced, numbers = tally.allreduce(
+        tensors, workers, op="average" if average else "sum", prescale=prescale,
+        postscale=postscale, step=step_tensor, check=check, messages=messages,
         limit=finite_bound_limit(largest, prescale=prescale, unit=unit))
     if not average:
         return reduced

@@ -28,6 +28,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from hvdtrain.collective import ReduceOp, TensorCollective
 from hvdtrain.tally import finite_bound_limit
 
 PACKED_DTYPES = ({"float32"}, {"float64"})
@@ -103,6 +104,20 @@ def unpack(flat: Any, shapes: Sequence[Any], step: Any, *, check: bool,
         flat, tf.cast(step, tf.int64), tf.constant(limit, dtype=flat.dtype), N=len(shapes),
         shapes=[tf.TensorShape(s) for s in shapes], check=check, messages=messages)
     return list(tensors), tally
+
+
+def allreduce(tensors: Sequence[Any], workers: TensorCollective, *, op: ReduceOp,
+              prescale: float, postscale: float, step: Any, check: bool,
+              messages: Sequence[str], limit: float) -> tuple[list[Any], Any]:
+    """``tensors`` reduced over ``workers`` through one flat buffer with its tally:
+    :func:`pack`, one allreduce (``op``, Horovod's ``prescale`` and ``postscale``),
+    :func:`unpack` (with its check against ``limit``). Returns (the reduced tensors, the
+    reduced ``TALLY`` numbers)."""
+    flat = pack(tensors, bound=check)
+    flat = workers.wait(workers.allreduce(flat, "hvdtrain.gradients", op=op,
+                                          prescale=prescale, postscale=postscale))
+    return unpack(flat, [t.shape for t in tensors], step, check=check, message=messages,
+                  limit=limit)
 
 
 def require_finite_natively(tensors: Sequence[Any], step: Any, messages: Sequence[str]
