@@ -135,7 +135,7 @@ class GradientAveraging(BackwardHooks):
         proved = synchronizes_here and self._bound_proves_finite()
         nonfinite = (self._first_nonfinite_gradient()
                      if self.on_nonfinite.checks and not proved else None)
-        skip = self.on_nonfinite.skips and not proved and self._on_any_rank(nonfinite is not None)
+        skip = self.on_nonfinite.skips and not proved and self._any_rank(nonfinite is not None)
         if nonfinite is not None and not skip:
             raise NonFiniteGradientError(nonfinite_gradient_message(step, nonfinite))
         result = None if skip else self._apply_averaged(closure)
@@ -335,7 +335,7 @@ class GradientAveraging(BackwardHooks):
         for gradient in gradients if isinstance(gradients, list) else [gradients]:
             gradient.mul_(factor)
 
-    def _on_any_rank(self, condition: bool) -> bool:
+    def _any_rank(self, condition: bool) -> bool:
         """True on every rank of the process set when ``condition`` holds on at least
         one (:func:`hvdtrain.collective.any_rank`); a rank outside the set decides
         alone."""
