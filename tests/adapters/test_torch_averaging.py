@@ -6,18 +6,16 @@ subclasses' test_torch_sharding.py's and test_torch_sharded_gradients.py's.
 """
 
 import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from torch_results import one_process_cases
 
 _CLASSES = textwrap.dedent("""
     import inspect, json, torch
     import hvdtrain.adapters.torch as hvt
 
     hvt.init()
-    report = {}
     for settings in ({}, {"shard_state": True}, {"shard_gradients": True}):
         model = torch.nn.Linear(3, 2)
         base = torch.optim.AdamW(model.parameters(), lr=0.1)
@@ -26,7 +24,8 @@ _CLASSES = textwrap.dedent("""
         # torch wraps every optimizer class's step with its profiling hooks on first use
         own = sorted(name for name, value in vars(made).items()
                      if inspect.isfunction(value) and not getattr(value, "hooked", False))
-        report[json.dumps(settings)] = {
+        report = {"case": json.dumps(settings)}
+        report.update({
             "mro": [f"{c.__module__}.{c.__qualname__}" for c in made.__mro__],
             "user_mro": [f"{c.__module__}.{c.__qualname__}" for c in type(base).__mro__],
             "own_methods": own,
@@ -37,17 +36,14 @@ _CLASSES = textwrap.dedent("""
             "step_defined_by": next(c.__qualname__ for c in made.__mro__
                                     if "step" in vars(c) and
                                     not getattr(vars(c)["step"], "hooked", False)),
-        }
-    print(json.dumps(report))
+        })
+        print(json.dumps(report))
 """)
 
 
 @pytest.fixture(scope="module")
 def classes() -> dict:
-    done = subprocess.run([sys.executable, "-c", _CLASSES], capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return {case: records[0] for case, records in one_process_cases(_CLASSES).items()}
 
 
 @pytest.mark.parametrize(("settings", "hvdtrain_classes"), [

@@ -6,12 +6,10 @@ hooks on 2 real ranks (overlap, groups, sparse, process sets) are
 test_torch_optimizer.py's, test_groups.py's and test_torch_horovod_api.py's.
 """
 
-import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from torch_results import one_process_cases
 
 _HOOKS = textwrap.dedent("""
     import json, os, torch
@@ -77,15 +75,7 @@ _HOOKS = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def cases() -> dict:
-    done = subprocess.run([sys.executable, "-c", _HOOKS], capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr
-    found: dict = {}
-    for line in done.stdout.splitlines():
-        if line.startswith("{"):
-            record = json.loads(line)
-            found.setdefault(record.pop("case"), []).append(record)
-    return found
+    return one_process_cases(_HOOKS)
 
 
 def test_with_overlap_the_hooks_start_each_allreduce_during_backward(cases):

@@ -5,12 +5,10 @@ model. Its equivalence with one process on the concatenated batch, over 2 real r
 and at 5 and 8, is test_torch_sharding.py's and test_many_ranks.py's.
 """
 
-import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from torch_results import one_process_cases
 
 _SHARDED_GRADIENTS = textwrap.dedent("""
     import copy, json, math, os, torch
@@ -65,15 +63,7 @@ _SHARDED_GRADIENTS = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def cases() -> dict:
-    done = subprocess.run([sys.executable, "-c", _SHARDED_GRADIENTS], capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    found: dict = {}
-    for line in done.stdout.splitlines():
-        if line.startswith("{"):
-            record = json.loads(line)
-            found.setdefault(record.pop("case"), []).append(record)
-    return found
+    return one_process_cases(_SHARDED_GRADIENTS)
 
 
 def test_the_parameters_gradients_hold_nan_once_reduce_scattered(cases):
