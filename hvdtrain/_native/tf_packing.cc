@@ -36,7 +36,7 @@ namespace shape_inference = ::tensorflow::shape_inference;
 constexpr int64_t kAlign = 16;  // elements: 64 bytes or more, TensorFlow's alignment
 // The tally's layout is hvdtrain.tally's (TALLY, COUNT, BOUND); setup.py defines it.
 #if !defined(HVDTRAIN_TALLY) || !defined(HVDTRAIN_TALLY_COUNT) || !defined(HVDTRAIN_TALLY_BOUND)
-#error "build through setup.py, which defines the tally's layout from hvdtrain/gradients.py"
+#error "build through setup.py, which defines the tally's layout from hvdtrain/tally.py"
 #endif
 constexpr int64_t kTally = HVDTRAIN_TALLY;
 constexpr int64_t kCount = HVDTRAIN_TALLY_COUNT;  // the rank's 1
