@@ -191,7 +191,6 @@ class BackwardHooks(torch.optim.Optimizer):
                 for parameter, output, part in zip(key, self._tensors.wait(handle), context,
                                                    strict=True):
                     parameter.grad.set_(self._compression.decompress(output, part))
-                self._ready_in_group[key] = 0
                 continue
             output = handle() if callable(handle) else self._tensors.wait(handle)
             averaged = self._compression.decompress(output, context)
@@ -199,8 +198,6 @@ class BackwardHooks(torch.optim.Optimizer):
                 key.grad.zero_().add_(averaged if averaged.is_sparse else averaged.to_sparse())
             else:
                 key.grad.set_(averaged)
-        for group in self._ready_in_group:
-            self._ready_in_group[group] = 0
         self._finish_synchronize()
 
     def _finish_synchronize(self) -> None:
@@ -209,9 +206,12 @@ class BackwardHooks(torch.optim.Optimizer):
         self._synchronized = True
 
     def _forget_started(self) -> None:
-        """Reset the count of backward passes and drop the started allreduces."""
+        """Reset the count of backward passes (and of each group's ready gradients) and
+        drop the started allreduces."""
         for parameter in self._passes_left:
             self._passes_left[parameter] = self.backward_passes_per_step
+        for group in self._ready_in_group:
+            self._ready_in_group[group] = 0
         self._started.clear()
 
     @contextlib.contextmanager
